@@ -1,0 +1,13 @@
+"""tfbarrier: train TensorFlow/Keras models across a Spark cluster with one call.
+
+    result = tfbarrier.fit(df, model, features="pixels", label="digit", epochs=3, batch_size=64, num_workers=2)
+
+Importing tfbarrier does not import TensorFlow: executors and R sessions pay for it only in the
+training processes.
+"""
+
+from . import errors
+from .api import FitResult, fit, run
+
+__version__ = "0.1.0"
+__all__ = ["FitResult", "errors", "fit", "run", "__version__"]

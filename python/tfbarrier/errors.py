@@ -1,0 +1,81 @@
+"""Exception types of tfbarrier: one class per kind of failure.
+
+Every message says what went wrong and what to change. The R package maps each class to an R
+condition of the same name.
+"""
+
+
+class TfBarrierError(Exception):
+    """Base class of every error tfbarrier raises."""
+
+
+class InvalidArgumentError(TfBarrierError, ValueError):
+    """An argument of fit()/run() has a wrong type or value."""
+
+
+class ColumnError(TfBarrierError, ValueError):
+    """A feature or label column is missing or has a type tfbarrier cannot train on."""
+
+
+class ModelError(TfBarrierError, ValueError):
+    """The model cannot be shipped to the workers (not compiled, not serialisable, unsupported shape)."""
+
+
+class ClusterError(TfBarrierError, RuntimeError):
+    """The Spark cluster cannot run the barrier stage (too few free task slots, dynamic allocation)."""
+
+
+class WorkerError(TfBarrierError, RuntimeError):
+    """A training worker failed. ``worker`` is the failing worker's index, ``host`` its host, ``log`` the
+    last lines of its output."""
+
+    def __init__(self, message, worker=None, host=None, exc_type=None, log=""):
+        super().__init__(message)
+        self.worker = worker
+        self.host = host
+        self.exc_type = exc_type
+        self.log = log
+
+
+class PortClashError(WorkerError):
+    """Another process took a worker's port between choosing it and TensorFlow binding it.
+    fit()/run() retry these on their own."""
+
+
+# ---- carrying an error from a barrier task to the driver ----------------------------------------
+# Spark hands the driver only the text of a failed task's exception. The task puts the error's class
+# and fields into that text, base64-encoded on one line, and the driver raises the same class again.
+_MARK = "tfbarrier-error:"
+_FIELDS = ("worker", "host", "exc_type", "log")
+
+
+def encode(error):
+    """A one-line string that carries ``error`` (a TfBarrierError) through Spark's failure text."""
+    import base64
+    import json
+
+    payload = {"class": type(error).__name__, "message": str(error)}
+    payload.update({f: getattr(error, f) for f in _FIELDS if hasattr(error, f)})
+    return _MARK + base64.b64encode(json.dumps(payload).encode()).decode() + ";"
+
+
+def decode(text):
+    """The TfBarrierError encoded in ``text`` (e.g. a Spark job failure), or None."""
+    import base64
+    import json
+    import re
+
+    match = re.search(re.escape(_MARK) + r"([A-Za-z0-9+/=]+);", text)
+    if not match:
+        return None
+    payload = json.loads(base64.b64decode(match.group(1)))
+    cls = globals().get(payload.pop("class"))
+    if not (isinstance(cls, type) and issubclass(cls, TfBarrierError)):
+        cls = WorkerError
+    message = payload.pop("message")
+    if issubclass(cls, WorkerError):
+        error = cls(message, **payload)
+        if error.log:
+            error.args = (f"{message}\n--- last lines of worker {error.worker}'s output ---\n{error.log}",)
+        return error
+    return cls(message)

@@ -1,0 +1,31 @@
+"""The description of one fit()/run() job: plain data made on the driver and pickled to every task
+and from there to every training process."""
+
+import dataclasses
+import uuid
+
+# Environment of every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works
+# with MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up
+# banners are kept out of the logs unless the user set a level of their own.
+TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1"}
+TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@dataclasses.dataclass
+class JobSpec:
+    kind: str  # "fit" or "run"
+    num_workers: int
+    # fit
+    model: object = None  # ModelSpec
+    layout: object = None  # shards.Layout
+    epochs: int = 1
+    batch_size: int = 32  # global batch size, split evenly across workers
+    steps_per_epoch: int = None  # None: one pass over all rows per epoch
+    seed: int = None
+    # run
+    function: bytes = None  # cloudpickled (fn, args, kwargs)
+    # both
+    tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
+    python: str = None  # interpreter of the training process; None: the executor's own
+    started_at: float = None  # driver clock at fit()/run() start, for time-to-first-step
+    job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])

@@ -1,0 +1,152 @@
+"""The training process of one task: started by the task, talked to over a socket pair, and never
+left alive after its task ends (killed on failure, on cancel, and when its parent dies).
+
+Task and training process exchange JSON lines over a ``socket.socketpair()``; the training process
+writes its output to ``worker.log`` and, when it fails, its exception to ``error.json``, both in the
+task's work directory.
+"""
+
+import ctypes
+import ctypes.util
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .errors import PortClashError, WorkerError
+
+LOG_FILE = "worker.log"
+ERROR_FILE = "error.json"
+LOG_TAIL_LINES = 40
+PORT_CLASH_EXIT_CODE = 75  # EX_TEMPFAIL: the port was taken in between; the driver retries
+
+
+class Channel:
+    """Newline-delimited JSON messages over a connected socket."""
+
+    def __init__(self, sock):
+        self._sock = sock
+        self._buffer = b""
+
+    def send(self, **message):
+        self._sock.sendall(json.dumps(message).encode() + b"\n")
+
+    def poll(self, timeout):
+        """The next message, or None when none arrived within ``timeout`` seconds.
+        Raises EOFError when the other side closed the socket."""
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+            if not ready:
+                return None
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise EOFError("the other side closed the channel")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self):
+        self._sock.close()
+
+
+def _die_with_parent():  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def log_tail(workdir, lines=LOG_TAIL_LINES):
+    try:
+        with open(os.path.join(workdir, LOG_FILE), "rb") as f:
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class TrainingProcess:
+    """``python -m tfbarrier.worker WORKDIR FD`` started in ``env``; use it as a context manager so
+    that it is stopped whatever happens in the task."""
+
+    def __init__(self, workdir, env, python=None, worker_index=None, host=None):
+        self.workdir = workdir
+        self.worker_index = worker_index
+        self.host = host
+        ours, theirs = socket.socketpair()
+        with open(os.path.join(workdir, LOG_FILE), "wb") as log:
+            self._proc = subprocess.Popen(
+                [python or sys.executable, "-m", "tfbarrier.worker", workdir, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
+            )
+        theirs.close()
+        self.pid = self._proc.pid
+        self.channel = Channel(ours)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def send(self, **message):
+        self.channel.send(**message)
+
+    def receive(self, event, timeout=None):
+        """Wait for the message named ``event``; raise the worker's own error if it exits first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                message = self.channel.poll(0.5)
+            except EOFError:
+                message = None
+            if message is not None:
+                if message.get("event") == event:
+                    return message
+                continue
+            if self._proc.poll() is not None:
+                raise self.failure()
+            if deadline is not None and time.monotonic() > deadline:
+                raise WorkerError(
+                    f"worker {self.worker_index} on {self.host} sent no {event!r} within {timeout:.0f} s",
+                    worker=self.worker_index, host=self.host, log=log_tail(self.workdir),
+                )
+
+    def failure(self):
+        """The exception that describes why the training process exited."""
+        code = self._proc.wait()
+        info = {}
+        try:
+            with open(os.path.join(self.workdir, ERROR_FILE)) as f:
+                info = json.load(f)
+        except (OSError, ValueError):
+            pass
+        cls = PortClashError if code == PORT_CLASH_EXIT_CODE else WorkerError
+        if info:
+            what = f"{info['type']}: {info['message']}"
+        elif code < 0:
+            what = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            what = f"exited with status {code}"
+        return cls(
+            f"worker {self.worker_index} on {self.host} failed: {what}",
+            worker=self.worker_index, host=self.host, exc_type=info.get("type"), log=log_tail(self.workdir),
+        )
+
+    def wait(self):
+        return self._proc.wait()
+
+    def stop(self, grace=5.0):
+        """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds) and reap it."""
+        self.channel.close()
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()

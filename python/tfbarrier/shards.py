@@ -1,0 +1,109 @@
+"""One worker's data: Spark Arrow batches -> a local Arrow file -> a tf.data pipeline.
+
+The task streams its partition batch by batch into an Arrow IPC file with two columns, ``x`` (a
+fixed-size list of float32: one flat feature vector per row) and ``y`` (the label), so memory in the
+task stays bounded by one batch. The training process memory-maps that file.
+"""
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ColumnError
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which columns hold the features and the label. ``array_column`` is True when ``features``
+    is a single array column (for example a flat image); otherwise each feature is a numeric column."""
+
+    features: tuple
+    label: str
+    array_column: bool
+
+    @property
+    def columns(self):
+        return [*self.features, self.label]
+
+
+def _feature_matrix(batch, layout):
+    """The batch's features as a FixedSizeListArray of float32 (one row per example)."""
+    if layout.array_column:
+        name = layout.features[0]
+        column = batch.column(name)
+        lengths = pc.min_max(pc.list_value_length(column))
+        if column.null_count or lengths["min"].as_py() != lengths["max"].as_py():
+            raise ColumnError(
+                f"feature column {name!r} has null rows or arrays of different lengths; every row must "
+                "be an array of the same length (filter or pad the data first)"
+            )
+        values = column.flatten()
+        width = lengths["min"].as_py() or 0
+    else:
+        arrays = [batch.column(name) for name in layout.features]
+        for name, array in zip(layout.features, arrays):
+            if array.null_count:
+                raise ColumnError(f"feature column {name!r} has null values: drop or impute them first")
+        width = len(arrays)
+        stacked = np.column_stack([a.to_numpy(zero_copy_only=False) for a in arrays]) if len(batch) else np.empty((0, width))
+        values = pa.array(stacked.reshape(-1).astype(np.float32))
+    if values.null_count:
+        raise ColumnError(f"feature column {layout.features[0]!r} has null values inside its arrays")
+    return pa.FixedSizeListArray.from_arrays(pc.cast(values, pa.float32()), width)
+
+
+def write(batches, path, layout):
+    """Stream Arrow record batches of the partition to ``path``; return the number of rows written."""
+    rows = 0
+    writer = None
+    try:
+        for batch in batches:
+            label = batch.column(layout.label)
+            if label.null_count:
+                raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
+            out = pa.RecordBatch.from_arrays([_feature_matrix(batch, layout), label], ["x", "y"])
+            if writer is None:
+                writer = pa.ipc.new_file(path, out.schema)
+            writer.write_batch(out)
+            rows += len(out)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:  # an empty partition still gets a (row-less) file
+        pa.ipc.new_file(path, pa.schema([("x", pa.list_(pa.float32(), 1)), ("y", pa.float32())])).close()
+    return rows
+
+
+def read(path):
+    """The shard as NumPy arrays ``(x, y)``: x is float32 of shape (rows, width)."""
+    with pa.memory_map(path) as source:
+        table = pa.ipc.open_file(source).read_all()
+    x = table.column("x").combine_chunks()
+    width = x.type.list_size
+    features = x.values.to_numpy(zero_copy_only=False).reshape(-1, width)
+    labels = table.column("y").combine_chunks().to_numpy(zero_copy_only=False)
+    if labels.dtype == np.float64:
+        labels = labels.astype(np.float32)
+    return features, labels
+
+
+def dataset_fn(x, y, input_shape, global_batch_size, seed):
+    """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, shuffled,
+    repeated without end (every worker runs the agreed number of steps, however small its shard)
+    and batched to the per-replica share of the global batch."""
+    import tensorflow as tf
+
+    features = x.reshape((-1, *input_shape))
+
+    def make(input_context):
+        batch = input_context.get_per_replica_batch_size(global_batch_size)
+        ds = tf.data.Dataset.from_tensor_slices((features, y))
+        ds = ds.shuffle(min(len(features), 10_000), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.repeat().batch(batch, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    return make

@@ -1,0 +1,110 @@
+"""What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
+
+One task: start the training process (it imports TensorFlow while the task writes its shard), stream
+the partition to the shard file, gather every peer's host, port and shard size through the barrier,
+hand TF_CONFIG and the agreed steps per epoch to the training process, wait for its result and yield
+it to the driver. The work directory and the process are gone when the task ends, however it ends.
+"""
+
+import dataclasses
+import os
+import pickle
+import shutil
+import tempfile
+import time
+
+import pyarrow as pa
+
+from . import errors, job as job_module, rendezvous, shards
+from .errors import InvalidArgumentError, TfBarrierError, WorkerError
+from .process import TrainingProcess
+from .worker import JOB_FILE, RESULT_FILE
+
+RESULT_SCHEMA = "index int, payload binary"
+_ARROW_RESULT_SCHEMA = pa.schema([("index", pa.int32()), ("payload", pa.binary())])
+STARTUP_TIMEOUT = 300  # seconds for the training process to import TensorFlow and report its port
+EXIT_GRACE = 30  # seconds for a finished training process to exit before it is killed
+
+
+def _training_env(job):
+    env = dict(os.environ)
+    env.pop("TF_CONFIG", None)
+    for key, value in job_module.TRAINING_ENV_DEFAULTS.items():
+        env.setdefault(key, value)
+    env.update(job_module.TRAINING_ENV)
+    env["PYTHONUNBUFFERED"] = "1"
+    # The training process imports tfbarrier from wherever this task imported it.
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _check_shards(peers):
+    empty = [i for i, peer in enumerate(peers) if peer["rows"] == 0]
+    if empty:
+        raise InvalidArgumentError(
+            f"partition(s) {empty} of the training data are empty, so those workers have nothing to "
+            "train on: repartition the DataFrame (df.repartition(num_workers)) or use fewer workers"
+        )
+
+
+def _train(job, context, batches, workdir):
+    index = context.partitionId()
+    host = rendezvous.task_host(context)
+    started = time.time()
+    timings = {}
+    if job.tf_threads is None:  # one intra-op thread per CPU Spark gave this task
+        job = dataclasses.replace(job, tf_threads=context.cpus())
+    with open(os.path.join(workdir, JOB_FILE), "wb") as f:
+        pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+    with TrainingProcess(workdir, _training_env(job), job.python, index, host) as process:
+        shard = os.path.join(workdir, "shard.arrow")
+        rows = shards.write(batches, shard, job.layout) if job.kind == "fit" else 0
+        timings["data_shard"] = time.time() - started
+        port = process.receive("port", timeout=STARTUP_TIMEOUT)["port"]
+        timings["worker_start"] = time.time() - started
+        gathered = time.time()
+        peers = rendezvous.gather(context, {"host": host, "port": port, "rows": rows})
+        timings["rendezvous"] = time.time() - gathered
+        if job.kind == "fit":
+            _check_shards(peers)
+        steps = job.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], job.batch_size)
+        process.send(
+            event="config", tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps, shard=shard
+        )
+        process.receive("done")
+        with open(os.path.join(workdir, RESULT_FILE), "rb") as f:
+            result = pickle.load(f)
+        process.stop(grace=EXIT_GRACE)
+    result["timings"].update(timings)
+    result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps)
+    return result
+
+
+def barrier_function(job):
+    """The function handed to ``mapInArrow(..., barrier=True)``: one result row per task."""
+
+    def run_task(batches):
+        from pyspark import BarrierTaskContext
+
+        context = BarrierTaskContext.get()
+        workdir = tempfile.mkdtemp(prefix=f"tfbarrier-{job.job_id}-{context.partitionId()}-")
+        try:
+            result = _train(job, context, batches, workdir)
+        except TfBarrierError as exc:
+            raise RuntimeError(errors.encode(exc)) from None
+        except Exception as exc:
+            error = WorkerError(
+                f"task {context.partitionId()} failed: {type(exc).__name__}: {exc}",
+                worker=context.partitionId(), exc_type=type(exc).__name__,
+            )
+            raise RuntimeError(errors.encode(error)) from exc
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([result["index"]], pa.int32()), pa.array([payload], pa.binary())],
+            schema=_ARROW_RESULT_SCHEMA,
+        )
+
+    return run_task

@@ -1,0 +1,203 @@
+"""The training process: ``python -m tfbarrier.worker WORKDIR FD``, started by a barrier task.
+
+It imports TensorFlow, reserves a port and reports it, waits for TF_CONFIG from its task, then
+either trains the job's model under MultiWorkerMirroredStrategy on its shard (fit) or calls the
+user's function (run). Its result goes to ``result.pkl``, an error to ``error.json``.
+"""
+
+import json
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+import traceback
+
+import cloudpickle
+import numpy as np
+
+from . import rendezvous, shards
+from .errors import ColumnError, PortClashError
+from .model_spec import weights_checksum
+from .process import ERROR_FILE, PORT_CLASH_EXIT_CODE, Channel
+
+JOB_FILE = "job.pkl"
+RESULT_FILE = "result.pkl"
+_PORT_CLASH_SIGNS = ("Could not start gRPC server", "Address already in use")
+
+
+def _exit_with_parent():
+    """Backstop for PR_SET_PDEATHSIG (not on every OS): exit once the task's process is gone."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="tfbarrier-parent-watch").start()
+
+
+def _wait_for(channel, event):
+    while True:
+        message = channel.poll(None)
+        if message.get("event") == event:
+            return message
+
+
+def _is_port_clash(exc):
+    return any(sign in str(exc) for sign in _PORT_CLASH_SIGNS)
+
+
+def _import_tensorflow(threads):
+    import tensorflow as tf
+
+    if threads:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    return tf
+
+
+def _step_clock():
+    """A Keras callback that counts steps and notes when the first one ended."""
+    import tf_keras
+
+    class StepClock(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+            self.first_step_at = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.first_step_at is None:
+                self.first_step_at = time.time()
+
+    return StepClock()
+
+
+def _fit(tf, job, config, workdir, timings):
+    index = config["tf_config"]["task"]["index"]
+    x, y = shards.read(config["shard"])
+    started = time.time()
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    except Exception as exc:
+        if _is_port_clash(exc):
+            raise PortClashError(str(exc)) from exc
+        raise
+    if job.seed is not None:
+        import tf_keras
+
+        tf_keras.utils.set_random_seed(job.seed)
+    with strategy.scope():
+        model = job.model.build()
+    input_shape = tuple(model.input_shape[1:])
+    width = int(np.prod(input_shape))
+    if x.shape[1] != width:
+        raise ColumnError(
+            f"each row has {x.shape[1]} feature values but the model's input shape {input_shape} "
+            f"needs {width}: choose the matching feature columns or change the model's input"
+        )
+    seed = None if job.seed is None else job.seed + index
+    dataset = strategy.distribute_datasets_from_function(
+        shards.dataset_fn(x, y, input_shape, job.batch_size, seed)
+    )
+    timings["strategy_and_model"] = time.time() - started
+    clock = _step_clock()
+    started = time.time()
+    history = model.fit(
+        dataset, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"], verbose=0, callbacks=[clock]
+    )
+    timings["training"] = time.time() - started
+    timings["first_step"] = clock.first_step_at - started
+    weights = model.get_weights()
+    result = {
+        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+        "checksum": weights_checksum(weights),
+        "steps": clock.steps,
+        "first_step_at": clock.first_step_at,
+    }
+    if index == 0:
+        result["weights"] = weights
+    if job.model.flavor == "function":
+        # Every worker saves (variable reads may be collective); only the chief's archive is kept.
+        path = os.path.join(workdir, "model.keras")
+        model.save(path)
+        if index == 0:
+            with open(path, "rb") as f:
+                result["archive"] = f.read()
+    return result
+
+
+def _run(job, config):
+    fn, args, kwargs = cloudpickle.loads(job.function)
+    started = time.time()
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:
+        if _is_port_clash(exc):
+            raise PortClashError(str(exc)) from exc
+        raise
+    result = {"training": time.time() - started}
+    if config["tf_config"]["task"]["index"] == 0:
+        result["value"] = cloudpickle.dumps(value)
+    return result
+
+
+def serve(job, channel, workdir):
+    timings = {}
+    started = time.time()
+    tf = _import_tensorflow(job.tf_threads) if job.kind == "fit" else _try_import_tensorflow(job.tf_threads)
+    timings["tensorflow_import"] = time.time() - started
+    port = rendezvous.reserve_port()
+    channel.send(event="port", port=port.getsockname()[1])
+    config = _wait_for(channel, "config")
+    os.environ["TF_CONFIG"] = json.dumps(config["tf_config"])
+    port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
+    result = _fit(tf, job, config, workdir, timings) if job.kind == "fit" else _run(job, config)
+    result["timings"] = timings
+    return result
+
+
+def _try_import_tensorflow(threads):
+    """run(): import TensorFlow before the port is chosen (it is slow), if the env has it."""
+    try:
+        return _import_tensorflow(threads)
+    except ImportError:
+        return None
+
+
+def _write_error(workdir, exc):
+    info = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+    with open(os.path.join(workdir, ERROR_FILE), "w") as f:
+        json.dump(info, f)
+
+
+def main(argv):
+    workdir, fd = argv[1], int(argv[2])
+    _exit_with_parent()
+    channel = Channel(socket.socket(fileno=fd))
+    try:
+        with open(os.path.join(workdir, JOB_FILE), "rb") as f:
+            job = pickle.load(f)
+        result = serve(job, channel, workdir)
+        with open(os.path.join(workdir, RESULT_FILE), "wb") as f:
+            pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
+        channel.send(event="done")
+    except PortClashError as exc:
+        _write_error(workdir, exc)
+        return PORT_CLASH_EXIT_CODE
+    except BaseException as exc:  # noqa: B902 - every failure must reach the driver
+        traceback.print_exc()
+        _write_error(workdir, exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: TensorFlow's collective threads can stall it
