@@ -8,10 +8,11 @@ import cloudpickle
 
 from . import cluster, errors, task, validation
 from .errors import InvalidArgumentError, PortClashError
-from .job import JobSpec
+from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
 PORT_CLASH_ATTEMPTS = 3
+_WORKER_FIELDS = ("index", "host", "port", "rows", "steps", "steps_per_epoch", "checksum", "shard_checksum", "timings")
 
 
 @dataclasses.dataclass
@@ -24,7 +25,8 @@ class FitResult:
     timings:  seconds: data_shard, worker_start, rendezvous, strategy_and_model, first_step, training,
               time_to_first_step (from the fit() call), total (the chief's, plus the driver's total)
     workers:  one dict per worker: index, host, port, rows, steps, steps_per_epoch, checksum (of the
-              final weights: equal on every worker when the replicas stayed in sync), timings
+              final weights: equal on every worker when the replicas stayed in sync), shard_checksum
+              (of the rows it trained on), timings
     """
 
     model: object
@@ -132,8 +134,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     timings["time_to_first_step"] = chief["first_step_at"] - started
     timings["total"] = time.time() - started
     workers = [
-        {key: r[key] for key in ("index", "host", "port", "rows", "steps", "steps_per_epoch", "checksum", "timings")}
-        for r in results
+        {key: r[key] for key in _WORKER_FIELDS} for r in results
     ]
     return FitResult(model=trained, history=chief["history"], timings=timings, workers=workers)
 
@@ -149,7 +150,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
     spark = _spark_session(spark)
     try:
-        function = cloudpickle.dumps((train_fn, tuple(args), dict(kwargs or {})))
+        function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
     except Exception as exc:
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
     cluster.check_barrier_capacity(spark, num_workers)

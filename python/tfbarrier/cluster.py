@@ -31,6 +31,8 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
             "Spark barrier stages cannot run with dynamic allocation (SPARK-24942): start the "
             "session with spark.dynamicAllocation.enabled=false and a fixed number of executors"
         )
+    if _context(spark).master.startswith("local"):
+        wait = 0.0  # local mode has all its slots from the start
     deadline = time.monotonic() + wait
     slots = task_slots(spark)
     while slots < num_workers and time.monotonic() < deadline:

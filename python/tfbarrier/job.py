@@ -2,7 +2,12 @@
 and from there to every training process."""
 
 import dataclasses
+import os
+import sys
+import sysconfig
 import uuid
+
+import cloudpickle
 
 # Environment of every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works
 # with MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up
@@ -29,3 +34,28 @@ class JobSpec:
     python: str = None  # interpreter of the training process; None: the executor's own
     started_at: float = None  # driver clock at fit()/run() start, for time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+def _installed(module):
+    """True for modules of the standard library or of an installed distribution (importable on any
+    executor that has the same environment); False for the user's own scripts and notebooks."""
+    path = getattr(module, "__file__", None)
+    if path is None:
+        return module.__name__ in sys.builtin_module_names
+    path = os.path.realpath(path)
+    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return any(path.startswith(os.path.realpath(root) + os.sep) for root in roots)
+
+
+def pickle_user_code(obj, function):
+    """cloudpickle ``obj``, shipping ``function``'s module by value when it is the user's own code (a
+    script, a test module, a notebook helper), which the training processes could not import."""
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    by_value = module is not None and module.__name__ != "__main__" and not _installed(module)
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(obj)
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)

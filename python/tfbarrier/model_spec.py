@@ -19,6 +19,7 @@ import tempfile
 import cloudpickle
 
 from .errors import ModelError
+from .job import pickle_user_code
 
 FUNCTION_HINT = (
     "pass a function that builds and compiles the model instead, e.g. "
@@ -74,7 +75,7 @@ class ModelSpec:
             return cls._from_keras_object(model, flavor)
         if callable(model):
             try:
-                return cls(flavor="function", builder=cloudpickle.dumps(model))
+                return cls(flavor="function", builder=pickle_user_code(model, model))
             except Exception as exc:
                 raise ModelError(
                     f"the model function cannot be pickled ({type(exc).__name__}: {exc}); define it at "

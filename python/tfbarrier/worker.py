@@ -116,6 +116,7 @@ def _fit(tf, job, config, workdir, timings):
     result = {
         "history": {k: [float(v) for v in values] for k, values in history.history.items()},
         "checksum": weights_checksum(weights),
+        "shard_checksum": weights_checksum([x, y]),
         "steps": clock.steps,
         "first_step_at": clock.first_step_at,
     }

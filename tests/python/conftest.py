@@ -1,0 +1,88 @@
+"""Shared fixtures: one local[2] SparkSession for the whole test session, scikit-learn's bundled
+8x8 digits as Spark DataFrames, and small Keras models."""
+
+import os
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+# Spark binds to the machine's external interface unless told otherwise; executors must run this
+# interpreter (it has tfbarrier, TensorFlow and tf_keras).
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+HELD_OUT = 300
+
+
+def make_spark(master="local[2]", **conf):
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("tfbarrier-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = make_spark()
+    yield session
+    session.stop()
+
+
+def digits_frames():
+    """(train, held_out) pandas frames of the 8x8 digits: a flat float array column and an int label."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(0).permutation(len(y))
+    x, y = (x[order] / 16.0), y[order].astype("int64")
+    frame = pd.DataFrame({"pixels": list(x), "digit": y})
+    return frame.iloc[HELD_OUT:].reset_index(drop=True), frame.iloc[:HELD_OUT].reset_index(drop=True)
+
+
+@pytest.fixture(scope="session")
+def digits():
+    return digits_frames()
+
+
+@pytest.fixture(scope="session")
+def digits_df(spark, digits):
+    return spark.createDataFrame(digits[0]).cache()
+
+
+def digits_cnn():
+    """The slides' CNN, sized for 8x8 digits, as a compiled Keras 3 model."""
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def held_out_accuracy(model, held_out):
+    x = np.stack(held_out["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    predicted = np.argmax(model.predict(x, verbose=0), axis=1)
+    return float(np.mean(predicted == held_out["digit"].to_numpy()))

@@ -1,0 +1,23 @@
+"""A task's error reaches the driver as the same class with the same fields."""
+
+from tfbarrier import errors
+
+
+def test_worker_error_survives_the_trip_through_spark_failure_text():
+    sent = errors.WorkerError("worker 1 on host-a failed: ValueError: boom", worker=1, host="host-a",
+                              exc_type="ValueError", log="line 1\nline 2")
+    spark_text = f"org.apache.spark.SparkException: Job aborted.\nRuntimeError: {errors.encode(sent)}\n\tat ..."
+    received = errors.decode(spark_text)
+    assert type(received) is errors.WorkerError
+    assert (received.worker, received.host, received.exc_type, received.log) == (1, "host-a", "ValueError", "line 1\nline 2")
+    assert "worker 1 on host-a failed: ValueError: boom" in str(received)
+    assert "line 2" in str(received)
+
+
+def test_validation_error_class_is_kept():
+    received = errors.decode("... " + errors.encode(errors.ColumnError("label column 'y' has null values")))
+    assert type(received) is errors.ColumnError and str(received) == "label column 'y' has null values"
+
+
+def test_text_without_a_tfbarrier_error_decodes_to_none():
+    assert errors.decode("java.lang.OutOfMemoryError") is None

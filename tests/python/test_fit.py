@@ -1,0 +1,106 @@
+"""fit() end to end on a real local[2] Spark with real TensorFlow."""
+
+import pandas as pd
+import pytest
+from conftest import digits_cnn, held_out_accuracy
+
+import tfbarrier
+
+
+@pytest.fixture(scope="module")
+def two_worker_fit(digits_df):
+    return tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit",
+                         epochs=4, batch_size=64, num_workers=2, seed=1)
+
+
+def test_two_workers_learn_digits_to_90_percent_held_out(two_worker_fit, digits):
+    assert held_out_accuracy(two_worker_fit.model, digits[1]) >= 0.90
+
+
+def test_replicas_end_with_identical_weights(two_worker_fit):
+    checksums = {w["checksum"] for w in two_worker_fit.workers}
+    assert len(two_worker_fit.workers) == 2 and len(checksums) == 1
+
+
+def test_each_worker_trains_on_its_own_nonempty_shard(two_worker_fit, digits):
+    workers = two_worker_fit.workers
+    assert [w["index"] for w in workers] == [0, 1]
+    assert all(w["rows"] > 0 for w in workers)
+    assert sum(w["rows"] for w in workers) == len(digits[0])
+    assert workers[0]["shard_checksum"] != workers[1]["shard_checksum"]
+    assert workers[0]["port"] != workers[1]["port"]
+
+
+def test_history_has_one_entry_per_epoch(two_worker_fit):
+    history = two_worker_fit.history
+    assert set(history) == {"loss", "accuracy"}
+    assert all(len(values) == 4 for values in history.values())
+    assert history["loss"][-1] < history["loss"][0]
+
+
+def test_every_worker_runs_the_agreed_steps(two_worker_fit, digits):
+    steps_per_epoch = -(-len(digits[0]) // 64)
+    assert [w["steps_per_epoch"] for w in two_worker_fit.workers] == [steps_per_epoch] * 2
+    assert [w["steps"] for w in two_worker_fit.workers] == [4 * steps_per_epoch] * 2
+
+
+def test_timings_cover_each_phase(two_worker_fit):
+    timings = two_worker_fit.timings
+    for phase in ("data_shard", "worker_start", "rendezvous", "first_step", "training", "time_to_first_step", "total"):
+        assert timings[phase] >= 0, phase
+    assert timings["time_to_first_step"] < timings["total"]
+
+
+def test_model_comes_back_in_the_users_keras_without_touching_the_input(two_worker_fit, digits):
+    import keras
+
+    original = digits_cnn()
+    assert isinstance(two_worker_fit.model, keras.Model)
+    assert two_worker_fit.model.optimizer is not None  # compiled: evaluate() works
+    assert held_out_accuracy(original, digits[1]) < 0.5  # an untrained model is not what came back
+
+
+def test_uneven_partitions_train_to_the_end(spark, digits):
+    train = digits[0]
+    cut = int(len(train) * 0.7)
+    rows = spark.createDataFrame(train).rdd.zipWithIndex().map(lambda pair: (pair[1], pair[0]))
+    split = rows.partitionBy(2, lambda index: int(index >= cut)).values()  # rows [0, cut) | [cut, end)
+    uneven = spark.createDataFrame(split, schema="pixels array<double>, digit bigint")
+    assert uneven.rdd.getNumPartitions() == 2
+    result = tfbarrier.fit(uneven, digits_cnn(), features="pixels", label="digit",
+                           epochs=2, batch_size=64, num_workers=2)
+    assert [w["rows"] for w in result.workers] == [cut, len(train) - cut]
+    assert result.workers[0]["steps"] == result.workers[1]["steps"] == 2 * -(-len(train) // 64)
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+
+
+def test_one_worker(digits_df, digits):
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit",
+                           epochs=4, batch_size=64, num_workers=1, seed=1)
+    assert len(result.workers) == 1 and result.workers[0]["rows"] == len(digits[0])
+    assert held_out_accuracy(result.model, digits[1]) >= 0.90
+
+
+def test_numeric_feature_columns_and_a_model_function(spark):
+    """Features as plain numeric columns; the model built by a function with tf.keras in the worker."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 3))
+    frame = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "y": (x @ [1.0, -2.0, 0.5] > 0).astype("int32")})
+
+    def build():
+        import tensorflow as tf
+
+        model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.5), loss="binary_crossentropy", metrics=["accuracy"])
+        return model
+
+    result = tfbarrier.fit(spark.createDataFrame(frame), build, features=["a", "b", "c"], label="y",
+                           epochs=5, batch_size=32, num_workers=2)
+    import tf_keras
+
+    assert isinstance(result.model, tf_keras.Model)
+    assert result.history["accuracy"][-1] > 0.9
+    predicted = (result.model.predict(x.astype("float32"), verbose=0)[:, 0] > 0.5).astype("int32")
+    assert np.mean(predicted == frame["y"].to_numpy()) > 0.9

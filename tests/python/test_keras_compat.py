@@ -1,0 +1,60 @@
+"""Keras 3 models built on the driver load in tf_keras with the same weights and outputs."""
+
+import numpy as np
+import pytest
+
+from tfbarrier.model_spec import ModelSpec
+
+
+def _sequential():
+    import keras
+
+    return keras.Sequential([
+        keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(), keras.layers.Dense(8, kernel_regularizer=keras.regularizers.L2(1e-4)),
+        keras.layers.Dropout(0.2), keras.layers.BatchNormalization(), keras.layers.Dense(3),
+    ])
+
+
+def _functional():
+    import keras
+
+    inputs = keras.Input((6,), name="x")
+    left = keras.layers.Dense(4, activation="relu")(inputs)
+    right = keras.layers.Dense(4, activation="tanh")(inputs)
+    outputs = keras.layers.Dense(2, activation="softmax")(keras.layers.Concatenate()([left, right]))
+    return keras.Model(inputs, outputs)
+
+
+def _recurrent():
+    import keras
+
+    return keras.Sequential([keras.Input((5,)), keras.layers.Embedding(20, 4), keras.layers.LSTM(3), keras.layers.Dense(1)])
+
+
+@pytest.mark.parametrize("make", [_sequential, _functional, _recurrent])
+def test_keras3_model_rebuilds_in_tf_keras_with_identical_predictions(make):
+    import keras
+
+    model = make()
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse", metrics=["mae"])
+    rebuilt = ModelSpec.from_model(model).build()
+    if make is _recurrent:
+        x = np.random.default_rng(0).integers(0, 20, (4, 5))
+    else:
+        x = np.random.default_rng(0).random((4, *model.input_shape[1:]), dtype="float32")
+    np.testing.assert_allclose(rebuilt.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5, atol=1e-6)
+    assert type(rebuilt).__module__.startswith("tf_keras")
+    assert type(rebuilt.optimizer).__name__ == "SGD"
+    assert rebuilt.optimizer.get_config()["momentum"] == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "AdamW", "RMSprop", "Adagrad", "Nadam"])
+def test_built_in_optimizers_keep_their_settings(optimizer):
+    import keras
+
+    model = _functional()
+    model.compile(optimizer=getattr(keras.optimizers, optimizer)(learning_rate=0.0123), loss="mse")
+    rebuilt = ModelSpec.from_model(model).build()
+    assert type(rebuilt.optimizer).__name__ == optimizer
+    assert float(rebuilt.optimizer.learning_rate) == pytest.approx(0.0123)

@@ -1,0 +1,87 @@
+"""Bad input is refused on the driver, before any barrier stage, with a message that names the fix."""
+
+import pandas as pd
+import pytest
+from conftest import digits_cnn
+
+import tfbarrier
+from tfbarrier.errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
+
+
+@pytest.fixture(scope="module")
+def small_df(spark):
+    frame = pd.DataFrame({
+        "pixels": [[0.0] * 64] * 8, "digit": list(range(8)), "name": ["x"] * 8, "short": [[0.0] * 10] * 8,
+    })
+    return spark.createDataFrame(frame)
+
+
+def fit(df, model=None, **overrides):
+    kwargs = dict(features="pixels", label="digit", epochs=1, batch_size=4, num_workers=2)
+    kwargs.update(overrides)
+    return tfbarrier.fit(df, model or digits_cnn(), **kwargs)
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    ({"features": "nope"}, ColumnError, "column 'nope' is not in the DataFrame"),
+    ({"label": "nope"}, ColumnError, "column 'nope' is not in the DataFrame"),
+    ({"label": "name"}, ColumnError, "label column 'name' has type string; it must be numeric"),
+    ({"features": ["digit", "name"]}, ColumnError, "feature column 'name' has type string"),
+    ({"features": "short"}, ModelError, "each row has 10 feature values but the model's input shape"),
+    ({"epochs": 0}, InvalidArgumentError, "epochs must be a positive integer, got 0"),
+    ({"epochs": 2.5}, InvalidArgumentError, "epochs must be a positive integer, got 2.5"),
+    ({"batch_size": "64"}, InvalidArgumentError, "batch_size must be a positive integer"),
+    ({"num_workers": -1}, InvalidArgumentError, "num_workers must be a positive integer"),
+    ({"batch_size": 5}, InvalidArgumentError, "use a multiple of num_workers"),
+    ({"num_workers": 3, "batch_size": 6}, ClusterError, "needs 3 task slots at once, but the cluster has 2"),
+])
+def test_bad_arguments_are_refused_with_the_fix(small_df, overrides, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(")):
+        fit(small_df, **overrides)
+
+
+def test_r_style_whole_floats_are_accepted_as_integers():
+    from tfbarrier.validation import positive_int
+
+    assert positive_int("epochs", 3.0) == 3
+
+
+def test_data_must_be_a_spark_dataframe():
+    with pytest.raises(InvalidArgumentError, match="data must be a Spark DataFrame, got DataFrame"):
+        fit(pd.DataFrame({"pixels": [[0.0] * 64], "digit": [1]}))
+
+
+def test_uncompiled_model_is_refused(small_df):
+    import keras
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    with pytest.raises(ModelError, match=r"not compiled: call model.compile\(optimizer=...\)"):
+        fit(small_df, model)
+
+
+def test_model_with_two_inputs_is_refused(small_df):
+    import keras
+
+    a, b = keras.Input((32,)), keras.Input((32,))
+    model = keras.Model([a, b], keras.layers.Dense(10)(keras.layers.Concatenate()([a, b])))
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ModelError, match="only models with one input tensor"):
+        fit(small_df, model)
+
+
+def test_model_with_a_custom_layer_points_to_a_model_function(small_df):
+    import keras
+
+    class Doubling(keras.layers.Layer):
+        def call(self, x):
+            return 2 * x
+
+    model = keras.Sequential([keras.Input((64,)), Doubling(), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ModelError, match="pass a function that builds and compiles the model"):
+        fit(small_df, model)
+
+
+def test_neither_model_nor_function_is_refused(small_df):
+    with pytest.raises(ModelError, match="must be a compiled Keras model or a function"):
+        fit(small_df, model=42)
