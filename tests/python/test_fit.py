@@ -104,3 +104,13 @@ def test_numeric_feature_columns_and_a_model_function(spark):
     assert result.history["accuracy"][-1] > 0.9
     predicted = (result.model.predict(x.astype("float32"), verbose=0)[:, 0] > 0.5).astype("int32")
     assert np.mean(predicted == frame["y"].to_numpy()) > 0.9
+
+
+def test_no_training_process_outlives_its_fit(two_worker_fit):
+    import psutil
+
+    leftovers = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if "tfbarrier.worker" in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+            leftovers.append(proc.pid)
+    assert leftovers == []
