@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-python venv system-deps clean
+.PHONY: demo test test-python bench venv system-deps clean
 
 demo: venv
 	$(PY) examples/mnist_demo.py
@@ -18,6 +18,9 @@ test: test-python
 
 test-python: venv
 	$(PY) -m pytest tests/python
+
+bench: venv
+	$(PY) bench/predict_bench.py
 
 venv: system-deps $(STAMP)
 

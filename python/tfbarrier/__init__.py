@@ -8,6 +8,7 @@ training processes.
 
 from . import errors
 from .api import FitResult, fit, run
+from .inference import predict
 
 __version__ = "0.1.0"
-__all__ = ["FitResult", "errors", "fit", "run", "__version__"]
+__all__ = ["FitResult", "errors", "fit", "predict", "run", "__version__"]

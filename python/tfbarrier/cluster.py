@@ -45,3 +45,8 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
             "more executors or cores (for local mode: master='local[N]' with N >= num_workers)"
         )
     return slots
+
+
+def broadcast(spark, value):
+    """A Spark broadcast of ``value``; executors read it with ``.value``."""
+    return _context(spark).broadcast(value)

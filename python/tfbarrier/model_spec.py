@@ -48,6 +48,24 @@ def _keras_module(flavor):
     return keras
 
 
+def save_archive(model):
+    """The model as ``.keras`` archive bytes (in its own Keras)."""
+    with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def load_archive(archive, flavor):
+    """A model from ``.keras`` archive bytes, loaded by the Keras that saved it."""
+    with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        with open(path, "wb") as f:
+            f.write(archive)
+        return _keras_module(flavor).models.load_model(path)
+
+
 def weights_checksum(weights):
     """A hex digest of a model's weights, equal on two replicas only if every value is equal."""
     digest = hashlib.sha256()
@@ -134,13 +152,7 @@ class ModelSpec:
         """The trained model on the driver: a clone of ``original`` with the trained weights (same
         Keras as the user's), or the tf_keras model loaded from the chief's archive."""
         if self.flavor == "function":
-            import tf_keras
-
-            with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
-                path = os.path.join(tmp, "model.keras")
-                with open(path, "wb") as f:
-                    f.write(archive)
-                return tf_keras.models.load_model(path)
+            return load_archive(archive, "tf_keras")
         keras = _keras_module(self.flavor)
         model = keras.models.clone_model(original)
         model.set_weights(weights)

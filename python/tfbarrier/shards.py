@@ -16,8 +16,9 @@ from .errors import ColumnError
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Which columns hold the features and the label. ``array_column`` is True when ``features``
-    is a single array column (for example a flat image); otherwise each feature is a numeric column."""
+    """Which columns hold the features and the label (None when scoring). ``array_column`` is True when
+    ``features`` is a single array column (for example a flat image); otherwise each feature is a
+    numeric column."""
 
     features: tuple
     label: str
@@ -25,10 +26,10 @@ class Layout:
 
     @property
     def columns(self):
-        return [*self.features, self.label]
+        return [*self.features, self.label] if self.label is not None else list(self.features)
 
 
-def _feature_matrix(batch, layout):
+def feature_matrix(batch, layout):
     """The batch's features as a FixedSizeListArray of float32 (one row per example)."""
     if layout.array_column:
         name = layout.features[0]
@@ -63,7 +64,7 @@ def write(batches, path, layout):
             label = batch.column(layout.label)
             if label.null_count:
                 raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
-            out = pa.RecordBatch.from_arrays([_feature_matrix(batch, layout), label], ["x", "y"])
+            out = pa.RecordBatch.from_arrays([feature_matrix(batch, layout), label], ["x", "y"])
             if writer is None:
                 writer = pa.ipc.new_file(path, out.schema)
             writer.write_batch(out)
@@ -76,13 +77,16 @@ def write(batches, path, layout):
     return rows
 
 
+def to_numpy(matrix):
+    """A FixedSizeListArray of float32 as a (rows, width) NumPy array (no copy when possible)."""
+    return matrix.values.to_numpy(zero_copy_only=False).reshape(-1, matrix.type.list_size)
+
+
 def read(path):
     """The shard as NumPy arrays ``(x, y)``: x is float32 of shape (rows, width)."""
     with pa.memory_map(path) as source:
         table = pa.ipc.open_file(source).read_all()
-    x = table.column("x").combine_chunks()
-    width = x.type.list_size
-    features = x.values.to_numpy(zero_copy_only=False).reshape(-1, width)
+    features = to_numpy(table.column("x").combine_chunks())
     labels = table.column("y").combine_chunks().to_numpy(zero_copy_only=False)
     if labels.dtype == np.float64:
         labels = labels.astype(np.float32)

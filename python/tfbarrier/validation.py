@@ -33,21 +33,22 @@ def _is_numeric(data_type):
     return isinstance(data_type, NumericType) and not isinstance(data_type, BooleanType)
 
 
-def layout(schema, features, label):
-    """The Layout of the training columns, or a ColumnError naming the column and the fix."""
+def layout(schema, features, label=None, scoring=False):
+    """The Layout of the training columns (``scoring``: the feature columns alone), or a ColumnError
+    naming the column and the fix."""
     from pyspark.sql.types import ArrayType
 
     if isinstance(features, str):
         features = [features]
     if not features or not all(isinstance(f, str) for f in features):
         raise InvalidArgumentError("features must be a column name or a non-empty list of column names")
-    if not isinstance(label, str):
+    if not scoring and not isinstance(label, str):
         raise InvalidArgumentError(f"label must be a column name, got {label!r}")
     types = {field.name: field.dataType for field in schema.fields}
-    for name in [*features, label]:
+    for name in [*features] + ([] if scoring else [label]):
         if name not in types:
             raise ColumnError(f"column {name!r} is not in the DataFrame; its columns are {sorted(types)}")
-    if not _is_numeric(types[label]):
+    if not scoring and not _is_numeric(types[label]):
         raise ColumnError(
             f"label column {label!r} has type {types[label].simpleString()}; it must be numeric "
             "(class ids as integers, or a float target): cast or index it first"
@@ -66,7 +67,7 @@ def layout(schema, features, label):
                     f"feature column {name!r} has type {types[name].simpleString()}; features must be "
                     "numeric columns or one array column of numbers"
                 )
-    return Layout(features=tuple(features), label=label, array_column=array_column)
+    return Layout(features=tuple(features), label=None if scoring else label, array_column=array_column)
 
 
 def feature_width(df, layout):

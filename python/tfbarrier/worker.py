@@ -19,7 +19,7 @@ import numpy as np
 
 from . import rendezvous, shards
 from .errors import ColumnError, PortClashError
-from .model_spec import weights_checksum
+from .model_spec import save_archive, weights_checksum
 from .process import ERROR_FILE, PORT_CLASH_EXIT_CODE, Channel
 
 JOB_FILE = "job.pkl"
@@ -77,7 +77,7 @@ def _step_clock():
     return StepClock()
 
 
-def _fit(tf, job, config, workdir, timings):
+def _fit(tf, job, config, timings):
     index = config["tf_config"]["task"]["index"]
     x, y = shards.read(config["shard"])
     started = time.time()
@@ -124,11 +124,9 @@ def _fit(tf, job, config, workdir, timings):
         result["weights"] = weights
     if job.model.flavor == "function":
         # Every worker saves (variable reads may be collective); only the chief's archive is kept.
-        path = os.path.join(workdir, "model.keras")
-        model.save(path)
+        archive = save_archive(model)
         if index == 0:
-            with open(path, "rb") as f:
-                result["archive"] = f.read()
+            result["archive"] = archive
     return result
 
 
@@ -147,7 +145,7 @@ def _run(job, config):
     return result
 
 
-def serve(job, channel, workdir):
+def serve(job, channel):
     timings = {}
     started = time.time()
     tf = _import_tensorflow(job.tf_threads) if job.kind == "fit" else _try_import_tensorflow(job.tf_threads)
@@ -157,7 +155,7 @@ def serve(job, channel, workdir):
     config = _wait_for(channel, "config")
     os.environ["TF_CONFIG"] = json.dumps(config["tf_config"])
     port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
-    result = _fit(tf, job, config, workdir, timings) if job.kind == "fit" else _run(job, config)
+    result = _fit(tf, job, config, timings) if job.kind == "fit" else _run(job, config)
     result["timings"] = timings
     return result
 
@@ -183,7 +181,7 @@ def main(argv):
     try:
         with open(os.path.join(workdir, JOB_FILE), "rb") as f:
             job = pickle.load(f)
-        result = serve(job, channel, workdir)
+        result = serve(job, channel)
         with open(os.path.join(workdir, RESULT_FILE), "wb") as f:
             pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
         channel.send(event="done")

@@ -86,3 +86,11 @@ def held_out_accuracy(model, held_out):
     x = np.stack(held_out["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
     predicted = np.argmax(model.predict(x, verbose=0), axis=1)
     return float(np.mean(predicted == held_out["digit"].to_numpy()))
+
+
+def partitioned(spark, frame, partition_of_row, num_partitions):
+    """``frame`` as a Spark DataFrame whose row i lies in partition ``partition_of_row(i)``, in order."""
+    schema = spark.createDataFrame(frame.iloc[:1]).schema
+    rows = spark.createDataFrame(frame, schema).rdd.zipWithIndex().map(lambda pair: (pair[1], pair[0]))
+    split = rows.partitionBy(num_partitions, partition_of_row).values()
+    return spark.createDataFrame(split, schema)

@@ -2,7 +2,7 @@
 
 import pandas as pd
 import pytest
-from conftest import digits_cnn, held_out_accuracy
+from conftest import digits_cnn, held_out_accuracy, partitioned
 
 import tfbarrier
 
@@ -63,9 +63,7 @@ def test_model_comes_back_in_the_users_keras_without_touching_the_input(two_work
 def test_uneven_partitions_train_to_the_end(spark, digits):
     train = digits[0]
     cut = int(len(train) * 0.7)
-    rows = spark.createDataFrame(train).rdd.zipWithIndex().map(lambda pair: (pair[1], pair[0]))
-    split = rows.partitionBy(2, lambda index: int(index >= cut)).values()  # rows [0, cut) | [cut, end)
-    uneven = spark.createDataFrame(split, schema="pixels array<double>, digit bigint")
+    uneven = partitioned(spark, train, lambda i: int(i >= cut), 2)  # rows [0, cut) | [cut, end)
     assert uneven.rdd.getNumPartitions() == 2
     result = tfbarrier.fit(uneven, digits_cnn(), features="pixels", label="digit",
                            epochs=2, batch_size=64, num_workers=2)

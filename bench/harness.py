@@ -1,0 +1,63 @@
+"""Shared benchmark helpers: interleaved rounds, min/median/max, the machine and versions, and
+writing a section of bench/README.md."""
+
+import os
+import platform
+import re
+import statistics
+import time
+from datetime import date
+
+README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+
+
+def interleaved(contenders, rounds):
+    """Run each contender once per round, in turn (the machine is noisy: neighbours see the same
+    noise); ``contenders`` maps a name to a function returning the amount of work done (rows,
+    samples). Returns name -> list of work/second, one per round."""
+    rates = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            started = time.perf_counter()
+            work = run()
+            rates[name].append(work / (time.perf_counter() - started))
+    return rates
+
+
+def stats(values):
+    return min(values), statistics.median(values), max(values)
+
+
+def machine():
+    import numpy
+    import pyarrow
+    import pyspark
+    import tensorflow
+
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores, {memory_gib:.0f} GiB, Python {platform.python_version()}, "
+            f"pyspark {pyspark.__version__}, TensorFlow {tensorflow.__version__}, numpy {numpy.__version__}, "
+            f"pyarrow {pyarrow.__version__}")
+
+
+def write_section(name, body):
+    """Replace (or append) the section between the markers for ``name`` in bench/README.md."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    section = f"{begin}\n{body.strip()}\n\n_Run on {date.today()}: {machine()}._\n{end}"
+    text = open(README).read() if os.path.exists(README) else "# Benchmarks\n"
+    if begin in text:
+        text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    with open(README, "w") as f:
+        f.write(text)
+
+
+def table(rates, unit, baseline):
+    """A markdown table of min/median/max per contender and the ratio of medians to ``baseline``."""
+    base = statistics.median(rates[baseline])
+    lines = [f"| contender | min {unit} | median {unit} | max {unit} | median / {baseline} |", "|---|---|---|---|---|"]
+    for name, values in rates.items():
+        low, mid, high = stats(values)
+        lines.append(f"| {name} | {low:,.0f} | {mid:,.0f} | {high:,.0f} | {mid / base:.2f} |")
+    return "\n".join(lines)

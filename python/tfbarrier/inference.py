@@ -1,0 +1,153 @@
+"""Distributed inference: score a Spark DataFrame with a Keras model, where the data lives.
+
+The model travels once per job as ``.keras`` archive bytes in a Spark broadcast, is loaded once per
+Spark Python worker (cached across batches and tasks), and scores each Arrow batch in slices of
+``batch_size`` rows. The scoring function is an iterator Arrow UDF: only the feature columns go to
+Python and only the prediction comes back (``mapInArrow`` would ship every input column both ways).
+TensorFlow is imported on the executors only inside the scoring function.
+
+Test hook: when ``TFBARRIER_MODEL_LOAD_LOG`` names a file in an executor's environment, every model
+load appends a line ``<pid> <model id>`` to it.
+"""
+
+import collections
+import os
+import uuid
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from . import cluster, shards, validation
+from .errors import ColumnError, InvalidArgumentError, ModelError
+from .model_spec import keras_flavor, load_archive, save_archive
+
+OUTPUTS = ("class", "probabilities", "raw")
+MODEL_LOAD_LOG = "TFBARRIER_MODEL_LOAD_LOG"
+_CACHE_SIZE = 2  # models kept per Python worker
+_models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
+
+
+def _last_activation(model):
+    try:
+        return model.layers[-1].get_config().get("activation")
+    except (AttributeError, IndexError, NotImplementedError):
+        return None
+
+
+def _output_transform(model, output):
+    """How raw outputs become probabilities: "none" (already probabilities), "softmax" or "sigmoid"
+    (the model outputs logits), decided on the driver from the last layer's activation."""
+    if output == "raw":
+        return "none"
+    activation = _last_activation(model)
+    if activation in ("softmax", "sigmoid"):
+        return "none"
+    if activation == "linear":
+        return "sigmoid" if model.output_shape[-1] == 1 else "softmax"
+    raise ModelError(
+        f"cannot tell probabilities from the model's last activation ({activation!r}): "
+        "use output='raw' and transform the outputs yourself"
+    )
+
+
+def _probabilities(raw, transform):
+    if transform == "softmax":
+        shifted = np.exp(raw - raw.max(axis=-1, keepdims=True))
+        return shifted / shifted.sum(axis=-1, keepdims=True)
+    if transform == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-raw))
+    return raw
+
+
+def _load(model_id, archive, flavor):
+    if model_id not in _models:
+        from pyspark import TaskContext
+
+        import tensorflow as tf
+
+        context = TaskContext.get()
+        if context is not None and not _models:  # first TensorFlow use in this Python worker
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(context.cpus())
+            except RuntimeError:
+                pass  # TensorFlow already initialised by earlier code in this worker
+        _models[model_id] = load_archive(archive.value, flavor)
+        while len(_models) > _CACHE_SIZE:
+            _models.popitem(last=False)
+        log = os.environ.get(MODEL_LOAD_LOG)
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {model_id}\n")
+    _models.move_to_end(model_id)
+    return _models[model_id]
+
+
+def _scorer(model_id, archive, flavor, layout, input_shape, output, transform, batch_size):
+    """An iterator-of-Arrow-arrays function: struct of the feature columns in, the prediction out."""
+
+    def score(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:  # pyspark reads the UDF kind from hints
+        model = None
+        for struct in structs:
+            if model is None:
+                model = _load(model_id, archive, flavor)
+            x = shards.to_numpy(shards.feature_matrix(pa.RecordBatch.from_struct_array(struct), layout))
+            validation.check_input_width(x.shape[1] if len(x) else None, input_shape)
+            x = x.reshape((-1, *input_shape))
+            chunks = [np.asarray(model.predict_on_batch(x[i:i + batch_size])) for i in range(0, len(x), batch_size)]
+            raw = np.concatenate(chunks).reshape(len(x), -1).astype(np.float32) if chunks else np.zeros((0, 1), np.float32)
+            if output == "class":
+                probabilities = _probabilities(raw, transform)
+                values = np.argmax(probabilities, axis=1) if raw.shape[1] > 1 else (probabilities[:, 0] > 0.5)
+                yield pa.array(values.astype(np.int64))
+            else:
+                values = raw if output == "raw" else _probabilities(raw, transform)
+                flat = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), raw.shape[1])
+                yield flat.cast(pa.list_(pa.float32()))
+
+    return score
+
+
+def predict(data, model, *, features, output_col="prediction", batch_size=1024, output="class"):
+    """Score ``data`` with ``model`` on the executors; a Spark DataFrame (lazy, like any transformation)
+    with every input column plus ``output_col``.
+
+    Parameters
+    ----------
+    data : pyspark.sql.DataFrame
+    model : Keras model (Keras 3 or tf_keras) or FitResult
+    features : str or list of str
+        As in ``fit``: one array column or numeric columns.
+    output_col : str
+        Name of the new column.
+    batch_size : int
+        Rows per forward pass.
+    output : "class", "probabilities" or "raw"
+        Class id (long; argmax, or probability > 0.5 for one output unit), probabilities (array<float>;
+        softmax/sigmoid applied when the last layer outputs logits), or the raw outputs (array<float>).
+    """
+    from .api import FitResult
+
+    if isinstance(model, FitResult):
+        model = model.model
+    data = validation.spark_dataframe(data)
+    batch_size = validation.positive_int("batch_size", batch_size)
+    if output not in OUTPUTS:
+        raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if not isinstance(output_col, str) or output_col in data.columns:
+        raise ColumnError(f"output_col {output_col!r} must be a new column name; the DataFrame has {data.columns}")
+    flavor = keras_flavor(model)
+    if flavor is None:
+        raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
+    layout = validation.layout(data.schema, features, scoring=True)
+    input_shape = tuple(model.input_shape[1:])
+    # No Spark job here (predict stays lazy): array lengths are checked batch by batch on the executors.
+    validation.check_input_width(None if layout.array_column else len(layout.features), input_shape)
+    transform = _output_transform(model, output)
+    archive = cluster.broadcast(data.sparkSession, save_archive(model))
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.functions import arrow_udf
+
+    score = _scorer(uuid.uuid4().hex, archive, flavor, layout, input_shape, output, transform, batch_size)
+    udf = arrow_udf(score, "long" if output == "class" else "array<float>")
+    return data.withColumn(output_col, udf(F.struct(*layout.features)))

@@ -1,0 +1,114 @@
+"""predict(): scoring a Spark DataFrame on the executors."""
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import digits_cnn, partitioned
+
+import tfbarrier
+from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A quickly trained digits model (local Keras 3 fit: predict is what is tested here)."""
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    net = digits_cnn()
+    net.fit((x / 16.0).reshape(-1, 8, 8, 1), y, epochs=2, batch_size=64, verbose=0)
+    return net
+
+
+@pytest.fixture(scope="module")
+def rows(digits):
+    frame = digits[0].iloc[:600].reset_index(drop=True)
+    frame["row_id"] = np.arange(len(frame))
+    return frame
+
+
+def local_outputs(model, frame):
+    x = np.stack(frame["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    logits = model.predict(x, verbose=0)
+    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return logits, probabilities / probabilities.sum(axis=1, keepdims=True)
+
+
+def test_classes_and_probabilities_on_4_partitions_match_local_predict(spark, model, rows):
+    df = spark.createDataFrame(rows).repartition(4)
+    classes = tfbarrier.predict(df, model, features="pixels", batch_size=64).toPandas().sort_values("row_id")
+    probs = tfbarrier.predict(df, model, features="pixels", output="probabilities",
+                              output_col="p").toPandas().sort_values("row_id")
+    logits, expected = local_outputs(model, rows)
+    assert (classes["prediction"].to_numpy() == np.argmax(logits, axis=1)).all()
+    np.testing.assert_allclose(np.stack(probs["p"].to_numpy()), expected, atol=1e-5)
+    assert list(classes.columns) == ["pixels", "digit", "row_id", "prediction"]
+    assert (classes["digit"].to_numpy() == rows["digit"].to_numpy()).all()  # every input column kept
+
+
+def test_raw_outputs_are_the_models_outputs(spark, model, rows):
+    scored = tfbarrier.predict(spark.createDataFrame(rows.iloc[:50]), model, features="pixels", output="raw")
+    raw = np.stack(scored.toPandas().sort_values("row_id")["prediction"].to_numpy())
+    np.testing.assert_allclose(raw, local_outputs(model, rows.iloc[:50])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_row_order_within_partitions_is_kept(spark, model, rows):
+    df = spark.createDataFrame(rows).coalesce(2)
+    before = [r["row_id"] for r in df.select("row_id").collect()]
+    after = [r["row_id"] for r in tfbarrier.predict(df, model, features="pixels", batch_size=7).select("row_id").collect()]
+    assert after == before
+
+
+def test_empty_partitions_and_partitions_smaller_than_a_batch(spark, model, rows):
+    small = rows.iloc[:10]
+    df = partitioned(spark, small, lambda i: 2 * (i % 3), 6)  # rows in partitions 0, 2, 4; 1, 3, 5 empty
+    assert df.rdd.glom().map(len).collect() == [4, 0, 3, 0, 3, 0]
+    scored = tfbarrier.predict(df, model, features="pixels").toPandas().sort_values("row_id")
+    assert len(scored) == 10
+    assert (scored["prediction"].to_numpy() == np.argmax(local_outputs(model, small)[0], axis=1)).all()
+    empty = spark.createDataFrame(small).limit(0)
+    assert tfbarrier.predict(empty, model, features="pixels").count() == 0
+
+
+def test_model_is_loaded_once_per_python_worker_not_per_batch(spark, model, rows, tmp_path):
+    log = tmp_path / "loads.log"
+    env = spark.sparkContext.environment  # executor environment of the jobs submitted from now on
+    env[tfbarrier.inference.MODEL_LOAD_LOG] = str(log)
+    try:
+        df = spark.createDataFrame(rows).repartition(4)
+        scored = tfbarrier.predict(df, model, features="pixels", batch_size=16)  # 600 rows: ~40 batches
+        assert scored.count() == len(rows)
+        scored.collect()  # a second job over the same tasks reuses the Python workers' cached model
+    finally:
+        del env[tfbarrier.inference.MODEL_LOAD_LOG]
+    pids = [line.split()[0] for line in log.read_text().splitlines()]
+    assert 1 <= len(pids) <= 2  # local[2]: at most two Python workers, one load each
+    assert len(set(pids)) == len(pids)
+
+
+def test_a_fit_result_can_be_scored_directly(spark, digits_df):
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit",
+                           epochs=1, batch_size=64, num_workers=2)
+    scored = tfbarrier.predict(digits_df.limit(20), result, features="pixels", output_col="digit_hat")
+    assert scored.count() == 20 and "digit_hat" in scored.columns
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"features": "nope"}, ColumnError, "column 'nope' is not in the DataFrame"),
+    ({"output_col": "digit"}, ColumnError, "output_col 'digit' must be a new column name"),
+    ({"output": "labels"}, InvalidArgumentError, "output must be one of"),
+    ({"batch_size": 0}, InvalidArgumentError, "batch_size must be a positive integer"),
+    ({"features": ["digit"]}, ModelError, "each row has 1 feature values"),
+])
+def test_bad_arguments_are_refused_on_the_driver(spark, model, rows, kwargs, error, message):
+    args = {"features": "pixels", **kwargs}
+    with pytest.raises(error, match=message):
+        tfbarrier.predict(spark.createDataFrame(rows.iloc[:5]), model, **args)
+
+
+def test_wrong_array_length_fails_with_the_column_error(spark, model):
+    df = spark.createDataFrame(pd.DataFrame({"pixels": [[0.0] * 10] * 3}))
+    with pytest.raises(Exception, match="each row has 10 feature values"):
+        tfbarrier.predict(df, model, features="pixels").collect()
