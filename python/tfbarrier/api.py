@@ -1,18 +1,17 @@
 """The driver side: ``fit``, ``run`` and ``FitResult``."""
 
 import dataclasses
-import pickle
 import time
 
 import cloudpickle
 
-from . import cluster, errors, task, validation
-from .errors import InvalidArgumentError, PortClashError
+from . import cluster, stage, validation
+from .errors import InvalidArgumentError
 from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
-PORT_CLASH_ATTEMPTS = 3
 _WORKER_FIELDS = ("index", "host", "port", "rows", "steps", "steps_per_epoch", "checksum", "shard_checksum", "timings")
+STALL_TIMEOUT = 300.0
 
 
 @dataclasses.dataclass
@@ -27,12 +26,15 @@ class FitResult:
     workers:  one dict per worker: index, host, port, rows, steps, steps_per_epoch, checksum (of the
               final weights: equal on every worker when the replicas stayed in sync), shard_checksum
               (of the rows it trained on), timings
+    attempts: one dict per submission of the barrier job: attempt, error (None for the one that
+              succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     """
 
     model: object
     history: dict
     timings: dict
     workers: list
+    attempts: list = dataclasses.field(default_factory=list)
 
     @property
     def num_workers(self):
@@ -59,23 +61,9 @@ def _spark_session(spark):
     return spark
 
 
-def _launch(frame, job):
-    """Run the barrier stage; the tasks' results in worker order. Port clashes are retried."""
-    for attempt in range(1, PORT_CLASH_ATTEMPTS + 1):
-        try:
-            rows = frame.mapInArrow(task.barrier_function(job), task.RESULT_SCHEMA, barrier=True).collect()
-        except Exception as exc:
-            error = errors.decode(str(exc))
-            if error is None:
-                raise
-            if isinstance(error, PortClashError) and attempt < PORT_CLASH_ATTEMPTS:
-                continue
-            raise error from None
-        return [pickle.loads(row["payload"]) for row in sorted(rows, key=lambda r: r["index"])]
-
-
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
-        seed=None, tf_threads=None):
+        seed=None, shuffle=True, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
+        timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -84,7 +72,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     Parameters
     ----------
     data : pyspark.sql.DataFrame
-        The training data; it is never collected to the driver.
+        The training data; it is never collected to the driver. fit() makes one validation pass
+        over it (rows, nulls, array lengths) before training: cache() it if it is costly to compute.
     model : Keras model or callable
         A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
         that builds and compiles one with ``tf.keras`` (use this for custom layers).
@@ -100,62 +89,96 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         Default: one pass over all rows at the global batch size. Every worker runs the same number.
     seed : int, optional
         Seeds weights' initialisation in the workers and the shuffling of each shard.
+    shuffle : bool
+        Shuffle each shard every pass (default). False keeps partition order, for reproducible runs.
     tf_threads : int, optional
         Intra-op threads per training process. Default: the CPUs Spark gives each task.
+    callbacks : callable, optional
+        A function of no arguments, called in every training process, returning a list of
+        ``tf.keras`` (tf_keras) callbacks; ``TF_CONFIG`` says which worker it runs in and
+        ``TFBARRIER_ATTEMPT`` which submission. Also the hook for fault-injection tests.
+    checkpoint_dir : str, optional
+        A directory every worker can reach (a shared file system; any local path in local mode).
+        Training state is saved there each epoch (Keras ``BackupAndRestore``) with the epoch log, and a
+        resubmitted job resumes from the last completed epoch.
+    max_retries : int
+        Resubmit the job this many times after a retryable failure (a killed training process, a lost
+        executor); errors in the model or the data are never retried. Port clashes are retried apart.
+    timeout : float, optional
+        Seconds for the whole fit, retries included; the job is cancelled and FitTimeoutError raised.
+    stall_timeout : float, optional
+        Seconds a training process may go without progress (one heartbeat a second while it steps)
+        before the fit fails with WorkerStalledError. None disables the watchdog.
+    allow_unencrypted : bool
+        TensorFlow's gRPC traffic between workers is not encrypted. With spark.ssl.enabled or
+        spark.network.crypto.enabled on, fit() refuses to run unless this is True.
 
     Returns
     -------
     FitResult
     """
     started = time.time()
+    validation.no_unknown_arguments("fit", unknown, fit)
     data = validation.spark_dataframe(data)
     num_workers = validation.positive_int("num_workers", num_workers)
     epochs = validation.positive_int("epochs", epochs)
     batch_size = validation.global_batch(validation.positive_int("batch_size", batch_size), num_workers)
     steps_per_epoch = validation.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
+    max_retries = validation.non_negative_int("max_retries", max_retries)
+    timeout = validation.positive_seconds("timeout", timeout)
+    stall_timeout = validation.positive_seconds("stall_timeout", stall_timeout)
     seed = None if seed is None else int(seed)
     layout = validation.layout(data.schema, features, label)
     spec = ModelSpec.from_model(model)
     spec.check_loadable()
+    callbacks = validation.callbacks_function(callbacks)
+    checkpoint_dir = validation.checkpoint_dir(checkpoint_dir)
+    spark = data.sparkSession
+    cluster.check_encryption(spark, allow_unencrypted)
+    cluster.check_barrier_capacity(spark, num_workers)
     frame = data.select(*layout.columns)
-    validation.check_input_width(validation.feature_width(frame, layout), spec.input_shape)
-    cluster.check_barrier_capacity(data.sparkSession, num_workers)
+    validation.check_profile(validation.profile(frame, layout), layout, num_workers, spec.input_shape)
     if cluster.num_partitions(frame) != num_workers:
         frame = frame.repartition(num_workers)
     job = JobSpec(
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
-        steps_per_epoch=steps_per_epoch, seed=seed, tf_threads=tf_threads, started_at=started,
+        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), tf_threads=tf_threads,
+        callbacks=callbacks, checkpoint_dir=checkpoint_dir, stall_timeout=stall_timeout, started_at=started,
     )
-    results = _launch(frame, job)
+    results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
     chief = results[0]
     trained = spec.trained_model(model, chief.get("weights"), chief.get("archive"))
     timings = dict(chief["timings"])
-    timings["time_to_first_step"] = chief["first_step_at"] - started
+    if chief["first_step_at"] is not None:
+        timings["time_to_first_step"] = chief["first_step_at"] - started
     timings["total"] = time.time() - started
-    workers = [
-        {key: r[key] for key in _WORKER_FIELDS} for r in results
-    ]
-    return FitResult(model=trained, history=chief["history"], timings=timings, workers=workers)
+    workers = [{key: r[key] for key in _WORKER_FIELDS} for r in results]
+    return FitResult(model=trained, history=chief["history"], timings=timings, workers=workers, attempts=attempts)
 
 
-def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None):
+def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,
+        allow_unencrypted=False, **unknown):
     """Call ``train_fn(*args, **kwargs)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set for a multi-worker TensorFlow cluster, and return worker 0's (the
     chief's) return value. ``train_fn`` builds its own strategy, as in TensorFlow's multi-worker
-    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable."""
+    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``timeout`` and
+    ``allow_unencrypted`` are as in ``fit``."""
+    validation.no_unknown_arguments("run", unknown, run)
     if not callable(train_fn):
         raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
     num_workers = validation.positive_int("num_workers", num_workers)
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
+    timeout = validation.positive_seconds("timeout", timeout)
     spark = _spark_session(spark)
     try:
         function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
     except Exception as exc:
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
+    cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     job = JobSpec(kind="run", num_workers=num_workers, function=function, tf_threads=tf_threads,
                   started_at=time.time())
     frame = spark.range(0, num_workers, numPartitions=num_workers)
-    results = _launch(frame, job)
+    results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     return cloudpickle.loads(results[0]["value"])

@@ -50,3 +50,51 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
 def broadcast(spark, value):
     """A Spark broadcast of ``value``; executors read it with ``.value``."""
     return _context(spark).broadcast(value)
+
+
+ENCRYPTION_SETTINGS = ("spark.ssl.enabled", "spark.network.crypto.enabled")
+
+
+def check_encryption(spark, allow_unencrypted):
+    """Refuse to run unencrypted TensorFlow traffic in a cluster configured for encryption, unless the
+    user opted in: tfbarrier's own payloads stay inside Spark, but the workers' gRPC collectives do not."""
+    conf = spark.conf
+    enabled = [key for key in ENCRYPTION_SETTINGS if str(conf.get(key, "false")).lower() == "true"]
+    if enabled and not allow_unencrypted:
+        raise ClusterError(
+            f"{' and '.join(enabled)} is on, but TensorFlow's gRPC traffic between the workers (gradients, "
+            "weights) is not encrypted. Run on a trusted network and pass allow_unencrypted=True to accept that"
+        )
+
+
+def label_jobs(spark, group):
+    """Put the jobs this thread submits from now on into ``group`` (interrupting them on cancel)."""
+    _context(spark).setJobGroup(group, "tfbarrier", interruptOnCancel=True)
+
+
+def cancel_jobs(spark, group):
+    """Cancel ``group``'s jobs, interrupting their running tasks (whose training processes die with them)."""
+    _context(spark).cancelJobGroup(group)
+
+
+def wait_until_tasks_end(spark, group, timeout):
+    """Wait (at most ``timeout`` s) until no task of ``group``'s jobs runs any more: a failed barrier
+    stage fails at once on the driver while Spark still kills its other tasks, which take their
+    training processes with them."""
+    tracker = _context(spark).statusTracker()
+    deadline = time.monotonic() + timeout
+    while _active_tasks(tracker, group):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _active_tasks(tracker, group):
+    active = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        for stage_id in job.stageIds if job else ():
+            stage = tracker.getStageInfo(stage_id)
+            active += stage.numActiveTasks if stage else 0
+    return active

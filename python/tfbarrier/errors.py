@@ -25,28 +25,43 @@ class ClusterError(TfBarrierError, RuntimeError):
     """The Spark cluster cannot run the barrier stage (too few free task slots, dynamic allocation)."""
 
 
-class WorkerError(TfBarrierError, RuntimeError):
-    """A training worker failed. ``worker`` is the failing worker's index, ``host`` its host, ``log`` the
-    last lines of its output."""
+class FitTimeoutError(TfBarrierError, TimeoutError):
+    """fit()/run() ran past its ``timeout``; the Spark job was cancelled and every worker stopped."""
 
-    def __init__(self, message, worker=None, host=None, exc_type=None, log=""):
+
+class WorkerError(TfBarrierError, RuntimeError):
+    """A training worker failed. ``worker`` is the failing worker's index, ``host`` its host,
+    ``exc_type`` the original exception's type, ``log`` the last lines of its output. ``retryable``
+    says whether running the job again can help (a killed process, a lost executor, a port clash),
+    as opposed to an error in the model or the data."""
+
+    def __init__(self, message, worker=None, host=None, exc_type=None, log="", retryable=False):
         super().__init__(message)
         self.worker = worker
         self.host = host
         self.exc_type = exc_type
         self.log = log
+        self.retryable = retryable
+
+
+class WorkerStalledError(WorkerError):
+    """A worker made no progress for ``stall_timeout`` seconds (a stuck collective, a deadlock)."""
 
 
 class PortClashError(WorkerError):
     """Another process took a worker's port between choosing it and TensorFlow binding it.
     fit()/run() retry these on their own."""
 
+    def __init__(self, message, **fields):
+        fields["retryable"] = True
+        super().__init__(message, **fields)
+
 
 # ---- carrying an error from a barrier task to the driver ----------------------------------------
 # Spark hands the driver only the text of a failed task's exception. The task puts the error's class
 # and fields into that text, base64-encoded on one line, and the driver raises the same class again.
 _MARK = "tfbarrier-error:"
-_FIELDS = ("worker", "host", "exc_type", "log")
+_FIELDS = ("worker", "host", "exc_type", "log", "retryable")
 
 
 def encode(error):

@@ -14,6 +14,7 @@ import cloudpickle
 # banners are kept out of the logs unless the user set a level of their own.
 TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1"}
 TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2... after resubmissions
 
 
 @dataclasses.dataclass
@@ -27,11 +28,16 @@ class JobSpec:
     batch_size: int = 32  # global batch size, split evenly across workers
     steps_per_epoch: int = None  # None: one pass over all rows per epoch
     seed: int = None
+    shuffle: bool = True
+    callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
+    checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
     # run
     function: bytes = None  # cloudpickled (fn, args, kwargs)
     # both
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     python: str = None  # interpreter of the training process; None: the executor's own
+    stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
+    attempt: int = 1  # 1 + the number of times the driver resubmitted the job
     started_at: float = None  # driver clock at fit()/run() start, for time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .errors import PortClashError, WorkerError
+from .errors import PortClashError, WorkerError, WorkerStalledError
 
 LOG_FILE = "worker.log"
 ERROR_FILE = "error.json"
@@ -96,28 +96,39 @@ class TrainingProcess:
     def send(self, **message):
         self.channel.send(**message)
 
-    def receive(self, event, timeout=None):
-        """Wait for the message named ``event``; raise the worker's own error if it exits first."""
+    def receive(self, event, timeout=None, stall_timeout=None):
+        """Wait for the message named ``event``. Raises the worker's own error if it exits first, and
+        a WorkerStalledError when no message at all (progress included) came for ``stall_timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        last_message = time.monotonic()
         while True:
             try:
                 message = self.channel.poll(0.5)
             except EOFError:
                 message = None
+            now = time.monotonic()
             if message is not None:
+                last_message = now
                 if message.get("event") == event:
                     return message
                 continue
             if self._proc.poll() is not None:
                 raise self.failure()
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and now > deadline:
                 raise WorkerError(
                     f"worker {self.worker_index} on {self.host} sent no {event!r} within {timeout:.0f} s",
                     worker=self.worker_index, host=self.host, log=log_tail(self.workdir),
                 )
+            if stall_timeout is not None and now - last_message > stall_timeout:
+                raise WorkerStalledError(
+                    f"worker {self.worker_index} on {self.host} made no progress for {stall_timeout:.0f} s "
+                    "(a stuck collective or a deadlock; if its steps are really this slow, raise stall_timeout)",
+                    worker=self.worker_index, host=self.host, log=log_tail(self.workdir),
+                )
 
     def failure(self):
-        """The exception that describes why the training process exited."""
+        """The exception that describes why the training process exited. A process killed by a
+        signal (OOM killer, kill -9) is retryable; an exception in the training code is not."""
         code = self._proc.wait()
         info = {}
         try:
@@ -132,10 +143,10 @@ class TrainingProcess:
             what = f"killed by signal {signal.Signals(-code).name}"
         else:
             what = f"exited with status {code}"
-        return cls(
-            f"worker {self.worker_index} on {self.host} failed: {what}",
-            worker=self.worker_index, host=self.host, exc_type=info.get("type"), log=log_tail(self.workdir),
-        )
+        fields = dict(worker=self.worker_index, host=self.host, exc_type=info.get("type"), log=log_tail(self.workdir))
+        if cls is WorkerError:
+            fields["retryable"] = code < 0
+        return cls(f"worker {self.worker_index} on {self.host} failed: {what}", **fields)
 
     def wait(self):
         return self._proc.wait()

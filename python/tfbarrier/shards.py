@@ -93,10 +93,11 @@ def read(path):
     return features, labels
 
 
-def dataset_fn(x, y, input_shape, global_batch_size, seed):
-    """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, shuffled,
-    repeated without end (every worker runs the agreed number of steps, however small its shard)
-    and batched to the per-replica share of the global batch."""
+def dataset_fn(x, y, input_shape, global_batch_size, seed, shuffle=True):
+    """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, shuffled
+    (unless ``shuffle`` is False: rows in partition order), repeated without end (every worker runs
+    the agreed number of steps, however small its shard) and batched to the per-replica share of
+    the global batch."""
     import tensorflow as tf
 
     features = x.reshape((-1, *input_shape))
@@ -104,7 +105,8 @@ def dataset_fn(x, y, input_shape, global_batch_size, seed):
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
         ds = tf.data.Dataset.from_tensor_slices((features, y))
-        ds = ds.shuffle(min(len(features), 10_000), seed=seed, reshuffle_each_iteration=True)
+        if shuffle:
+            ds = ds.shuffle(min(len(features), 10_000), seed=seed, reshuffle_each_iteration=True)
         ds = ds.repeat().batch(batch, drop_remainder=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

@@ -32,6 +32,7 @@ def _training_env(job):
     for key, value in job_module.TRAINING_ENV_DEFAULTS.items():
         env.setdefault(key, value)
     env.update(job_module.TRAINING_ENV)
+    env[job_module.ATTEMPT_ENV] = str(job.attempt)
     env["PYTHONUNBUFFERED"] = "1"
     # The training process imports tfbarrier from wherever this task imported it.
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,7 +73,7 @@ def _train(job, context, batches, workdir):
         process.send(
             event="config", tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps, shard=shard
         )
-        process.receive("done")
+        process.receive("done", stall_timeout=job.stall_timeout)
         with open(os.path.join(workdir, RESULT_FILE), "rb") as f:
             result = pickle.load(f)
         process.stop(grace=EXIT_GRACE)

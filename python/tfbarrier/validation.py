@@ -1,10 +1,28 @@
 """Checks made on the driver before any cluster work: arguments, columns, shapes."""
 
+import difflib
+import inspect
 import math
 import numbers
+import os
 
 from .errors import ColumnError, InvalidArgumentError, ModelError
+from .job import pickle_user_code
 from .shards import Layout
+
+
+def no_unknown_arguments(function_name, unknown, function):
+    """Refuse misspelt keyword arguments with the closest known name (reticulate passes any name)."""
+    if not unknown:
+        return
+    known = [name for name in inspect.signature(function).parameters if name != "unknown"]
+    hints = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise InvalidArgumentError(
+        f"{function_name}() got unknown argument(s) {', '.join(hints)}; it takes {', '.join(known)}"
+    )
 
 
 def positive_int(name, value, allow_none=False):
@@ -14,6 +32,48 @@ def positive_int(name, value, allow_none=False):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < 1:
         raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def non_negative_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < 0:
+        raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def positive_seconds(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise InvalidArgumentError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
+
+
+def callbacks_function(callbacks):
+    """The user's callbacks function, pickled; it runs in the training processes."""
+    if callbacks is None:
+        return None
+    if not callable(callbacks):
+        raise InvalidArgumentError(
+            "callbacks must be a function of no arguments returning a list of tf.keras callbacks (it is "
+            f"called in every training process, where tf.keras is tf_keras), got {type(callbacks).__name__}"
+        )
+    try:
+        return pickle_user_code(callbacks, callbacks)
+    except Exception as exc:
+        raise InvalidArgumentError(f"the callbacks function cannot be pickled: {exc}") from exc
+
+
+def checkpoint_dir(path):
+    """The checkpoint directory, made on the driver when it is a local path."""
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"checkpoint_dir must be a directory path, got {type(path).__name__}")
+    path = os.fspath(path)
+    if "://" not in path:
+        path = os.path.abspath(path)
+        os.makedirs(path, exist_ok=True)
+    return path
 
 
 def spark_dataframe(data):
@@ -70,14 +130,55 @@ def layout(schema, features, label=None, scoring=False):
     return Layout(features=tuple(features), label=None if scoring else label, array_column=array_column)
 
 
-def feature_width(df, layout):
-    """Values per row: the number of feature columns, or the length of the first row's array."""
-    if not layout.array_column:
-        return len(layout.features)
+def profile(df, layout):
+    """One aggregate pass over the training columns: rows, nulls per column and, for an array column,
+    the shortest and longest array and the rows with null elements."""
     from pyspark.sql import functions as F
 
-    first = df.select(F.size(layout.features[0]).alias("n")).limit(1).collect()
-    return first[0]["n"] if first else None
+    aggregates = [F.count(F.lit(1)).alias("rows")]
+    aggregates += [F.count_if(F.col(name).isNull()).alias(f"nulls_{i}") for i, name in enumerate(layout.columns)]
+    if layout.array_column:
+        array = F.col(layout.features[0])
+        aggregates += [
+            F.min(F.size(array)).alias("min_length"),
+            F.max(F.size(array)).alias("max_length"),
+            F.count_if(F.exists(array, lambda value: value.isNull())).alias("null_elements"),
+        ]
+    return df.agg(*aggregates).collect()[0].asDict()
+
+
+def check_profile(profile, layout, num_workers, input_shape):
+    """Refuse data the workers could not train on, naming the column and the fix."""
+    rows = profile["rows"]
+    if rows == 0:
+        raise InvalidArgumentError("the DataFrame is empty: there is nothing to train on")
+    if rows < num_workers:
+        raise InvalidArgumentError(
+            f"the DataFrame has {rows} row(s), fewer than num_workers={num_workers}: every worker needs rows "
+            f"of its own; use num_workers <= {rows}"
+        )
+    for i, name in enumerate(layout.columns):
+        nulls = profile[f"nulls_{i}"]
+        if nulls:
+            raise ColumnError(
+                f"column {name!r} has {nulls} null value(s): drop or impute them first, e.g. "
+                f"df.dropna(subset={layout.columns!r})"
+            )
+    width = len(layout.features)
+    if layout.array_column:
+        name = layout.features[0]
+        if profile["null_elements"]:
+            raise ColumnError(
+                f"feature column {name!r} has {profile['null_elements']} array(s) with null elements: "
+                "impute them first"
+            )
+        if profile["min_length"] != profile["max_length"]:
+            raise ColumnError(
+                f"feature column {name!r} holds arrays of different lengths ({profile['min_length']} to "
+                f"{profile['max_length']}); every row must have the same length (filter or pad first)"
+            )
+        width = profile["min_length"]
+    check_input_width(width, input_shape)
 
 
 def check_input_width(width, input_shape):

@@ -59,25 +59,74 @@ def _import_tensorflow(threads):
     return tf
 
 
-def _step_clock():
-    """A Keras callback that counts steps and notes when the first one ended."""
+def _callbacks(channel, job, is_chief):
+    """tfbarrier's own Keras callbacks: step clock and progress heartbeat, the epoch log, and
+    BackupAndRestore when there is a checkpoint directory; then the user's."""
     import tf_keras
 
-    class StepClock(tf_keras.callbacks.Callback):
+    class Progress(tf_keras.callbacks.Callback):
+        """Counts steps, notes the first one, and tells the task (at most once a second) that
+        training moves: the task's stall watchdog listens for it."""
+
         def __init__(self):
             super().__init__()
             self.steps = 0
             self.first_step_at = None
+            self._last_sent = 0.0
+
+        def _send(self, **message):
+            self._last_sent = time.monotonic()
+            channel.send(event="progress", steps=self.steps, **message)
+
+        def on_train_begin(self, logs=None):
+            self._send()
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
             if self.first_step_at is None:
                 self.first_step_at = time.time()
+            if time.monotonic() - self._last_sent >= 1.0:
+                self._send()
 
-    return StepClock()
+        def on_epoch_end(self, epoch, logs=None):
+            self._send(epoch=epoch)
+
+    class EpochLog(tf_keras.callbacks.Callback):
+        """Per-epoch logs across resumed attempts. The chief keeps them in the checkpoint directory
+        before BackupAndRestore saves the epoch, so the log never lags the checkpoint; on resume,
+        entries past the restored epoch are dropped."""
+
+        def __init__(self):
+            super().__init__()
+            self.path = os.path.join(job.checkpoint_dir, "epochs.json") if job.checkpoint_dir else None
+            self.epochs = []
+            self.initial_epoch = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.initial_epoch is None:
+                self.initial_epoch = epoch
+                if self.path and os.path.exists(self.path):
+                    with open(self.path) as f:
+                        self.epochs = json.load(f)[:epoch]
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
+            if self.path and is_chief:
+                tmp = self.path + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(self.epochs, f)
+                os.replace(tmp, self.path)
+
+    progress, epoch_log = Progress(), EpochLog()
+    callbacks = [progress, epoch_log]
+    if job.checkpoint_dir:
+        callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(job.checkpoint_dir, "backup")))
+    if job.callbacks:
+        callbacks.extend(cloudpickle.loads(job.callbacks)())
+    return progress, epoch_log, callbacks
 
 
-def _fit(tf, job, config, timings):
+def _fit(tf, job, config, channel, timings):
     index = config["tf_config"]["task"]["index"]
     x, y = shards.read(config["shard"])
     started = time.time()
@@ -102,23 +151,23 @@ def _fit(tf, job, config, timings):
         )
     seed = None if job.seed is None else job.seed + index
     dataset = strategy.distribute_datasets_from_function(
-        shards.dataset_fn(x, y, input_shape, job.batch_size, seed)
+        shards.dataset_fn(x, y, input_shape, job.batch_size, seed, job.shuffle)
     )
     timings["strategy_and_model"] = time.time() - started
-    clock = _step_clock()
+    progress, epoch_log, callbacks = _callbacks(channel, job, is_chief=index == 0)
     started = time.time()
-    history = model.fit(
-        dataset, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"], verbose=0, callbacks=[clock]
-    )
+    model.fit(dataset, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"], verbose=0, callbacks=callbacks)
     timings["training"] = time.time() - started
-    timings["first_step"] = clock.first_step_at - started
+    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
+        timings["first_step"] = progress.first_step_at - started
     weights = model.get_weights()
     result = {
-        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+        "history": {key: [epoch[key] for epoch in epoch_log.epochs] for key in (epoch_log.epochs or [{}])[0]},
+        "initial_epoch": epoch_log.initial_epoch or 0,
         "checksum": weights_checksum(weights),
         "shard_checksum": weights_checksum([x, y]),
-        "steps": clock.steps,
-        "first_step_at": clock.first_step_at,
+        "steps": progress.steps,
+        "first_step_at": progress.first_step_at,
     }
     if index == 0:
         result["weights"] = weights
@@ -155,7 +204,7 @@ def serve(job, channel):
     config = _wait_for(channel, "config")
     os.environ["TF_CONFIG"] = json.dumps(config["tf_config"])
     port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
-    result = _fit(tf, job, config, timings) if job.kind == "fit" else _run(job, config)
+    result = _fit(tf, job, config, channel, timings) if job.kind == "fit" else _run(job, config)
     result["timings"] = timings
     return result
 

@@ -1,0 +1,90 @@
+"""The barrier stage seen from the driver: submit it, cancel it at the deadline, turn its failure
+back into a tfbarrier error, and resubmit it after a retryable failure.
+
+Spark never retries a failed barrier stage, so every retry is a new job submitted from here. The
+job runs in a helper thread in a job group of its own, so that the driver can cancel it when
+``timeout`` is reached; interrupted tasks take their training processes with them.
+"""
+
+import dataclasses
+import pickle
+import threading
+import time
+
+from . import cluster, errors, task
+from .errors import FitTimeoutError, PortClashError, WorkerError
+
+PORT_CLASH_ATTEMPTS = 3  # port clashes are retried on their own, outside max_retries
+CANCEL_GRACE = 60  # seconds to wait for an interrupted job to wind down
+_LOST_TASK_SIGNS = ("ExecutorLostFailure", "Executor lost", "executor lost")
+
+
+def _translate(exc):
+    """The tfbarrier error a failed job carries, a retryable WorkerError for a lost executor, or
+    the original exception."""
+    text = str(exc)
+    error = errors.decode(text)
+    if error is not None:
+        return error
+    if any(sign in text for sign in _LOST_TASK_SIGNS):
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        return WorkerError(f"a Spark executor was lost during training: {first}", retryable=True)
+    return exc
+
+
+def submit(frame, job, deadline=None):
+    """Run the barrier stage once; the tasks' results in worker order."""
+    spark = frame.sparkSession
+    tag = f"tfbarrier-{job.job_id}-{job.attempt}"
+    outcome = {}
+
+    def collect():
+        cluster.label_jobs(spark, tag)
+        try:
+            outcome["rows"] = frame.mapInArrow(task.barrier_function(job), task.RESULT_SCHEMA, barrier=True).collect()
+        except BaseException as exc:  # noqa: B902 - handed to the calling thread
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=collect, name=f"tfbarrier-{job.job_id}", daemon=True)
+    worker.start()
+    worker.join(None if deadline is None else max(0.0, deadline - time.time()))
+    if worker.is_alive():
+        cluster.cancel_jobs(spark, tag)
+        worker.join(CANCEL_GRACE)
+        cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE)
+        raise FitTimeoutError(
+            f"the job ran past its timeout of {deadline - job.started_at:.0f} s and was cancelled; every "
+            "worker was stopped. Raise timeout=, or look for a worker that hangs (stall_timeout=)"
+        )
+    if "error" in outcome:
+        cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE)
+        raise _translate(outcome["error"]) from None
+    return [pickle.loads(row["payload"]) for row in sorted(outcome["rows"], key=lambda r: r["index"])]
+
+
+def _summary(error):
+    return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+
+
+def submit_with_retries(frame, job, max_retries=0, timeout=None):
+    """``submit`` until it succeeds, resubmitting after retryable failures (at most ``max_retries``
+    times, port clashes aside). Returns (results, attempts): one dict per attempt."""
+    deadline = None if timeout is None else job.started_at + timeout
+    attempts, failures, clashes = [], 0, 0
+    while True:
+        number = len(attempts) + 1
+        try:
+            results = submit(frame, dataclasses.replace(job, attempt=number), deadline)
+        except WorkerError as error:
+            attempts.append({"attempt": number, "error": _summary(error), "retryable": error.retryable})
+            if isinstance(error, PortClashError):
+                clashes += 1
+                if clashes < PORT_CLASH_ATTEMPTS:
+                    continue
+            elif error.retryable and failures < max_retries:
+                failures += 1
+                continue
+            error.attempts = attempts
+            raise
+        attempts.append({"attempt": number, "error": None, "initial_epoch": results[0].get("initial_epoch", 0)})
+        return results, attempts

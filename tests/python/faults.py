@@ -1,0 +1,66 @@
+"""Fault injection for tests, through fit()'s documented ``callbacks=`` hook: each function here
+returns a callbacks factory; the callback acts only in the chosen worker (read from TF_CONFIG) and,
+for ``kill``, only in the first submission of the job (TFBARRIER_ATTEMPT)."""
+
+import json
+import os
+import signal
+import time
+
+
+def _worker_index():
+    return json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+
+
+def _callback(on_batch_end):
+    import tf_keras
+
+    class Fault(tf_keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            on_batch_end(self.epoch, batch)
+
+    return Fault()
+
+
+def _note(path):
+    """Record when the fault fires and the ports of the cluster, for the test to check."""
+    with open(path, "w") as f:
+        json.dump({"at": time.time(), "workers": json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]}, f)
+
+
+def raise_error(worker, epoch, note):
+    def factory():
+        def act(current_epoch, batch):
+            if _worker_index() == worker and current_epoch == epoch and batch == 2:
+                _note(note)
+                raise ValueError(f"injected failure in worker {worker} at epoch {epoch}")
+
+        return [_callback(act)]
+
+    return factory
+
+
+def hang(worker, epoch):
+    def factory():
+        def act(current_epoch, batch):
+            if _worker_index() == worker and current_epoch == epoch and batch == 2:
+                time.sleep(3600)
+
+        return [_callback(act)]
+
+    return factory
+
+
+def kill_first_attempt(worker, epoch):
+    def factory():
+        def act(current_epoch, batch):
+            first = os.environ.get("TFBARRIER_ATTEMPT") == "1"
+            if first and _worker_index() == worker and current_epoch == epoch and batch == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return [_callback(act)]
+
+    return factory

@@ -1,0 +1,94 @@
+"""Failure semantics: fail fast, never hang, leave nothing behind, resume from checkpoints."""
+
+import json
+import socket
+import time
+
+import psutil
+import pytest
+from conftest import digits_cnn
+
+import faults
+import tfbarrier
+from tfbarrier.errors import FitTimeoutError, WorkerError, WorkerStalledError
+
+
+def training_processes():
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if "tfbarrier.worker" in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def port_is_free(endpoint):
+    port = int(endpoint.rsplit(":", 1)[1])
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def fit(df, **kwargs):
+    args = dict(features="pixels", label="digit", epochs=3, batch_size=64, num_workers=2)
+    args.update(kwargs)
+    return tfbarrier.fit(df, digits_cnn(), **args)
+
+
+def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_behind(digits_df, tmp_path):
+    note = tmp_path / "fault.json"
+    with pytest.raises(WorkerError) as failure:
+        fit(digits_df, callbacks=faults.raise_error(worker=1, epoch=1, note=str(note)))
+    raised_at = time.time()
+    fault = json.loads(note.read_text())
+    error = failure.value
+    assert raised_at - fault["at"] < 60
+    assert error.worker == 1 and error.host and error.exc_type == "ValueError" and not error.retryable
+    assert "worker 1 on" in str(error) and "ValueError: injected failure in worker 1 at epoch 1" in str(error)
+    assert "injected failure" in error.log  # the worker's own traceback, from its output
+    assert training_processes() == []
+    assert all(port_is_free(endpoint) for endpoint in fault["workers"])
+    assert error.attempts == [{"attempt": 1, "error": str(error).splitlines()[0].join(["WorkerError: ", ""]),
+                               "retryable": False}]
+
+
+def test_a_hanging_worker_is_caught_by_the_stall_watchdog(digits_df):
+    started = time.time()
+    with pytest.raises(WorkerStalledError, match="made no progress for 8 s"):
+        fit(digits_df, callbacks=faults.hang(worker=1, epoch=1), stall_timeout=8)
+    assert time.time() - started < 90
+    assert training_processes() == []
+
+
+def test_timeout_cancels_the_whole_fit(digits_df):
+    started = time.time()
+    with pytest.raises(FitTimeoutError, match="ran past its timeout of 30 s"):
+        fit(digits_df, callbacks=faults.hang(worker=0, epoch=1), stall_timeout=None, timeout=30)
+    assert time.time() - started < 30 + 20
+    assert training_processes() == []
+
+
+def test_a_killed_worker_is_retried_and_resumes_from_the_last_epoch(digits_df, digits, tmp_path):
+    result = fit(digits_df, epochs=3, callbacks=faults.kill_first_attempt(worker=1, epoch=1),
+                 checkpoint_dir=str(tmp_path / "ckpt"), max_retries=1)
+    first, second = result.attempts
+    assert first["attempt"] == 1 and first["retryable"] and "killed by signal SIGKILL" in first["error"]
+    assert second == {"attempt": 2, "error": None, "initial_epoch": 1}
+    assert len(result.history["loss"]) == 3  # each epoch once: epoch 0 from attempt 1, 1 and 2 from attempt 2
+    steps_per_epoch = result.workers[0]["steps_per_epoch"]
+    assert [w["steps"] for w in result.workers] == [2 * steps_per_epoch] * 2  # the resumed run skipped epoch 0
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+    assert training_processes() == []
+
+
+def test_a_killed_worker_without_retries_is_reported_as_retryable(digits_df):
+    with pytest.raises(WorkerError, match="killed by signal SIGKILL") as failure:
+        fit(digits_df, epochs=2, callbacks=faults.kill_first_attempt(worker=0, epoch=1))
+    assert failure.value.worker == 0 and failure.value.retryable
+    assert training_processes() == []
