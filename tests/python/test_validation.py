@@ -40,6 +40,46 @@ def test_bad_arguments_are_refused_with_the_fix(small_df, overrides, error, mess
         fit(small_df, **overrides)
 
 
+@pytest.mark.parametrize("frame, error, message", [
+    (pd.DataFrame({"pixels": [[0.0] * 64, None], "digit": [1, 2]}), ColumnError, "column 'pixels' has 1 null value"),
+    (pd.DataFrame({"pixels": [[0.0] * 64] * 2, "digit": [1.0, None]}), ColumnError, "column 'digit' has 1 null value"),
+    (pd.DataFrame({"pixels": [[0.0] * 63 + [None]] * 2, "digit": [1, 2]}), ColumnError, "2 array.s. with null elements"),
+    (pd.DataFrame({"pixels": [[0.0] * 64, [0.0] * 60], "digit": [1, 2]}), ColumnError, "arrays of different lengths .60 to 64."),
+    (pd.DataFrame({"pixels": [[0.0] * 64], "digit": [1]}), InvalidArgumentError, "has 1 row.s., fewer than num_workers=2"),
+])
+def test_bad_data_is_refused_before_training(spark, frame, error, message):
+    with pytest.raises(error, match=message):
+        fit(spark.createDataFrame(frame))
+
+
+def test_an_empty_dataframe_is_refused(small_df):
+    with pytest.raises(InvalidArgumentError, match="the DataFrame is empty"):
+        fit(small_df.limit(0))
+
+
+def test_an_unknown_keyword_names_the_closest_argument(small_df):
+    with pytest.raises(InvalidArgumentError, match=r"unknown argument\(s\) 'epoch' \(did you mean 'epochs'\?\)"):
+        fit(small_df, epoch=3)
+
+
+def test_a_model_function_that_cannot_be_pickled_is_refused(small_df):
+    import threading
+
+    lock = threading.Lock()
+
+    def build():
+        with lock:
+            return digits_cnn()
+
+    with pytest.raises(ModelError, match="the model function cannot be pickled"):
+        fit(small_df, build)
+
+
+def test_callbacks_must_be_a_function(small_df):
+    with pytest.raises(InvalidArgumentError, match="callbacks must be a function of no arguments"):
+        fit(small_df, callbacks=[1])
+
+
 def test_r_style_whole_floats_are_accepted_as_integers():
     from tfbarrier.validation import positive_int
 

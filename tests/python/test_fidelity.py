@@ -1,0 +1,44 @@
+"""Data-parallel training computes what single-process training computes: with plain SGD and a
+fixed data order, a 2-worker fit and one tf_keras process fed the same global batches end with the
+same weights."""
+
+import numpy as np
+from conftest import partitioned
+
+import tfbarrier
+from tfbarrier.model_spec import ModelSpec
+
+ROWS_PER_WORKER = 512
+GLOBAL_BATCH = 64
+
+
+def dense_model():
+    import keras
+
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_two_workers_and_one_process_end_with_the_same_weights(spark, digits):
+    train = digits[0].iloc[: 2 * ROWS_PER_WORKER].reset_index(drop=True)
+    df = partitioned(spark, train, lambda i: int(i >= ROWS_PER_WORKER), 2)  # worker 0: rows [0, 512)
+    model = dense_model()
+    result = tfbarrier.fit(df, model, features="pixels", label="digit", epochs=2, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False)
+
+    # The same global batches in one process: step i takes rows [32i, 32i+32) of each worker's shard.
+    x = np.stack(train["pixels"].to_numpy()).astype("float32")
+    y = train["digit"].to_numpy()
+    half = GLOBAL_BATCH // 2
+    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
+                            for i in range(0, ROWS_PER_WORKER, half)])
+    reference = ModelSpec.from_model(model).build()  # tf_keras, same initial weights and optimizer
+    reference.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+
+    assert result.workers[0]["steps"] == 2 * (2 * ROWS_PER_WORKER // GLOBAL_BATCH)
+    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(result.model.get_weights()[0], model.get_weights()[0])  # training moved them
