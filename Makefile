@@ -6,18 +6,53 @@ PIP := $(PY) -m pip --disable-pip-version-check
 CONSTRAINTS := -c requirements/constraints.txt
 STAMP := $(VENV)/.installed
 
+R_VERSION := $(shell sed -n 's/^Version: //p' DESCRIPTION)
+R_TARBALL := build/tfbarrier_$(R_VERSION).tar.gz
+# R from Debian (no CRAN here): reticulate 1.28, testthat, knitr + markdown for the vignette.
+R_DEBS := r-base-core r-base-dev r-cran-reticulate r-cran-testthat r-cran-jsonlite r-cran-knitr \
+          r-cran-markdown r-cran-roxygen2 qpdf
+# rpy2 on R 4.2: newer rpy2-rinterface needs R 4.5 symbols; these build from source against r-base-dev.
+RPY2 := "rpy2==3.6.6" "rpy2-rinterface==3.6.5"
+RPY2_STAMP := $(VENV)/.rpy2
+
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+export TFBARRIER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-python bench venv system-deps clean
+.PHONY: demo test test-python test-r r-build r-deps bench venv system-deps clean
 
 demo: venv
 	$(PY) examples/mnist_demo.py
 
-test: test-python
+test: test-python test-r
 
 test-python: venv
 	$(PY) -m pytest tests/python
+
+# R CMD check runs tests/testthat (real Spark and TensorFlow through reticulate) and the vignette's code
+# (R CMD build already knitted it). sparklyr and keras3 (Suggests) are not installable here.
+test-r: r-build
+	cd build && _R_CHECK_FORCE_SUGGESTS_=false _R_CHECK_SYSTEM_CLOCK_=0 _R_CHECK_CRAN_INCOMING_REMOTE_=FALSE \
+	  R CMD check --no-manual --no-build-vignettes $(notdir $(R_TARBALL)); \
+	  status=$$?; sh ../tests/r-check-summary.sh tfbarrier.Rcheck; summary=$$?; \
+	  [ $$status -eq 0 ] && [ $$summary -eq 0 ]
+
+# The R tarball carries the Python project (sources, pyproject, README) under inst/python, copied here,
+# never edited by hand: install_tfbarrier() pip-installs it.
+r-build: $(RPY2_STAMP)
+	rm -rf inst/python && mkdir -p inst/python/python build
+	cp -r python/tfbarrier inst/python/python/ && cp pyproject.toml README.md inst/python/
+	find inst/python -name __pycache__ -prune -exec rm -rf {} +
+	cd build && R CMD build ..
+
+r-deps:
+	@Rscript -e 'for (p in c("reticulate", "testthat", "jsonlite", "knitr", "markdown")) library(p, character.only = TRUE)' \
+	  >/dev/null 2>&1 || { echo "installing R from Debian (apt-get)"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(R_DEBS); }
+
+$(RPY2_STAMP): $(STAMP) | r-deps
+	$(PIP) install -q $(CONSTRAINTS) $(RPY2)
+	touch $@
 
 bench: venv
 	$(PY) bench/predict_bench.py
@@ -41,4 +76,4 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	touch $@
 
 clean:
-	rm -rf $(VENV) *.egg-info python/*.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info python/*.egg-info .pytest_cache build inst/python

@@ -7,8 +7,9 @@ training processes.
 """
 
 from . import errors
-from .api import FitResult, fit, run
+from .api import FitResult, apply, fit, run
+from .frames import spark_frame
 from .inference import predict
 
 __version__ = "0.1.0"
-__all__ = ["FitResult", "errors", "fit", "predict", "run", "__version__"]
+__all__ = ["FitResult", "apply", "errors", "fit", "predict", "run", "spark_frame", "__version__"]

@@ -182,3 +182,31 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     frame = spark.range(0, num_workers, numPartitions=num_workers)
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     return cloudpickle.loads(results[0]["value"])
+
+
+def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, **unknown):
+    """Call ``fn(partition, barrier)`` in ``num_workers`` Spark barrier tasks at once, each in its own
+    process with ``TF_CONFIG`` set, on that task's partition of ``data`` (a pandas DataFrame); return
+    the pandas DataFrames it returns, concatenated in worker order. ``barrier`` is a dict: address
+    (this worker's host:port in TF_CONFIG), partition, num_workers, tf_config (the JSON string).
+    ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
+    the result's columns. This is what R's ``spark_tf_apply()`` runs an R closure through."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    validation.no_unknown_arguments("apply", unknown, apply)
+    data = validation.spark_dataframe(data)
+    if not callable(fn):
+        raise InvalidArgumentError(f"fn must be a function of (partition, barrier), got {type(fn).__name__}")
+    num_workers = validation.positive_int("num_workers", num_workers)
+    timeout = validation.positive_seconds("timeout", timeout)
+    output_schema = validation.output_schema(columns)
+    spark = data.sparkSession
+    cluster.check_encryption(spark, allow_unencrypted)
+    cluster.check_barrier_capacity(spark, num_workers)
+    frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
+    job = JobSpec(kind="apply", num_workers=num_workers, function=pickle_user_code(fn, fn),
+                  input_schema=to_arrow_schema(data.schema), output_schema=output_schema, started_at=time.time())
+    results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
+    tables = [pa.ipc.open_stream(r["table"]).read_all() for r in results]
+    return pa.concat_tables(tables, promote_options="default").to_pandas()

@@ -57,6 +57,12 @@ class PortClashError(WorkerError):
         super().__init__(message, **fields)
 
 
+def class_names(error):
+    """The tfbarrier classes of ``error``, most specific first; empty for other exceptions. R's
+    conditions carry these names in their class vector."""
+    return [cls.__name__ for cls in type(error).__mro__ if issubclass(cls, TfBarrierError)]
+
+
 # ---- carrying an error from a barrier task to the driver ----------------------------------------
 # Spark hands the driver only the text of a failed task's exception. The task puts the error's class
 # and fields into that text, base64-encoded on one line, and the driver raises the same class again.

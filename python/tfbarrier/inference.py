@@ -60,6 +60,28 @@ def _probabilities(raw, transform):
     return raw
 
 
+def _outputs(raw, output, transform):
+    """Class ids, probabilities or raw outputs from a (rows, units) array of raw model outputs."""
+    if output == "raw":
+        return raw
+    probabilities = _probabilities(raw, transform)
+    if output == "probabilities":
+        return probabilities
+    return np.argmax(probabilities, axis=1) if raw.shape[1] > 1 else (probabilities[:, 0] > 0.5).astype(np.int64)
+
+
+def predict_local(model, x, output="class", batch_size=1024):
+    """Predictions of ``model`` for the rows of ``x`` (rows x flat features) on this machine, as
+    ``predict`` makes them on the executors; what R's ``predict()`` on a fit calls."""
+    if output not in OUTPUTS:
+        raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
+    input_shape = tuple(model.input_shape[1:])
+    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
+    validation.check_input_width(x.shape[1], input_shape)
+    raw = np.asarray(model.predict(x.reshape((-1, *input_shape)), batch_size=batch_size, verbose=0))
+    return _outputs(raw.reshape(len(x), -1).astype(np.float32), output, _output_transform(model, output))
+
+
 def _load(model_id, archive, flavor):
     if model_id not in _models:
         from pyspark import TaskContext
@@ -96,12 +118,10 @@ def _scorer(model_id, archive, flavor, layout, input_shape, output, transform, b
             x = x.reshape((-1, *input_shape))
             chunks = [np.asarray(model.predict_on_batch(x[i:i + batch_size])) for i in range(0, len(x), batch_size)]
             raw = np.concatenate(chunks).reshape(len(x), -1).astype(np.float32) if chunks else np.zeros((0, 1), np.float32)
+            values = _outputs(raw, output, transform)
             if output == "class":
-                probabilities = _probabilities(raw, transform)
-                values = np.argmax(probabilities, axis=1) if raw.shape[1] > 1 else (probabilities[:, 0] > 0.5)
                 yield pa.array(values.astype(np.int64))
             else:
-                values = raw if output == "raw" else _probabilities(raw, transform)
                 flat = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), raw.shape[1])
                 yield flat.cast(pa.list_(pa.float32()))
 

@@ -19,7 +19,7 @@ ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2...
 
 @dataclasses.dataclass
 class JobSpec:
-    kind: str  # "fit" or "run"
+    kind: str  # "fit", "run" or "apply"
     num_workers: int
     # fit
     model: object = None  # ModelSpec
@@ -31,8 +31,11 @@ class JobSpec:
     shuffle: bool = True
     callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
     checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
-    # run
-    function: bytes = None  # cloudpickled (fn, args, kwargs)
+    # run, apply
+    function: bytes = None  # cloudpickled (fn, args, kwargs) for run, fn for apply
+    # apply
+    input_schema: object = None  # pyarrow schema of the partitions
+    output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
     # both
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     python: str = None  # interpreter of the training process; None: the executor's own

@@ -6,6 +6,7 @@ task stays bounded by one batch. The training process memory-maps that file.
 """
 
 import dataclasses
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -75,6 +76,30 @@ def write(batches, path, layout):
     if writer is None:  # an empty partition still gets a (row-less) file
         pa.ipc.new_file(path, pa.schema([("x", pa.list_(pa.float32(), 1)), ("y", pa.float32())])).close()
     return rows
+
+
+def write_partition(batches, path):
+    """Stream the partition's record batches unchanged to ``path`` (for ``apply``); return the row count."""
+    rows = 0
+    writer = None
+    try:
+        for batch in batches:
+            if writer is None:
+                writer = pa.ipc.new_file(path, batch.schema)
+            writer.write_batch(batch)
+            rows += len(batch)
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def read_partition(path, schema):
+    """The partition written by ``write_partition`` as a pandas DataFrame (``schema`` when it was empty)."""
+    if not os.path.exists(path):
+        return schema.empty_table().to_pandas()
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source).read_all().to_pandas()
 
 
 def to_numpy(matrix):

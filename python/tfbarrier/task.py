@@ -60,7 +60,12 @@ def _train(job, context, batches, workdir):
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
     with TrainingProcess(workdir, _training_env(job), job.python, index, host) as process:
         shard = os.path.join(workdir, "shard.arrow")
-        rows = shards.write(batches, shard, job.layout) if job.kind == "fit" else 0
+        if job.kind == "fit":
+            rows = shards.write(batches, shard, job.layout)
+        elif job.kind == "apply":
+            rows = shards.write_partition(batches, shard)
+        else:
+            rows = 0
         timings["data_shard"] = time.time() - started
         port = process.receive("port", timeout=STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - started

@@ -76,6 +76,25 @@ def checkpoint_dir(path):
     return path
 
 
+def output_schema(columns):
+    """A pyarrow schema from ``{name: Arrow type name}`` (None stays None)."""
+    if columns is None:
+        return None
+    import pyarrow as pa
+
+    if not isinstance(columns, dict) or not columns:
+        raise InvalidArgumentError('columns must be a dict of column name -> type name, e.g. {"result": "string"}')
+    fields = []
+    for name, type_name in columns.items():
+        try:
+            fields.append(pa.field(name, pa.type_for_alias(type_name)))
+        except (ValueError, TypeError):
+            raise InvalidArgumentError(
+                f"column {name!r} has unknown type {type_name!r}: use string, int32, int64, float64 or bool"
+            ) from None
+    return pa.schema(fields)
+
+
 def spark_dataframe(data):
     from pyspark.sql import DataFrame
 

@@ -194,6 +194,33 @@ def _run(job, config):
     return result
 
 
+def _apply(job, config):
+    """Call the user's function on this task's partition; its frame comes back as Arrow IPC bytes."""
+    import pyarrow as pa
+
+    fn = cloudpickle.loads(job.function)
+    tf_config = config["tf_config"]
+    index = tf_config["task"]["index"]
+    barrier = {
+        "address": tf_config["cluster"]["worker"][index],
+        "partition": index,
+        "num_workers": len(tf_config["cluster"]["worker"]),
+        "tf_config": json.dumps(tf_config),
+    }
+    started = time.time()
+    frame = fn(shards.read_partition(config["shard"], job.input_schema), barrier)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if job.output_schema is not None:
+        missing = [name for name in job.output_schema.names if name not in table.column_names]
+        if missing:
+            raise ColumnError(f"the function's result has no column(s) {missing}; it has {table.column_names}")
+        table = table.select(job.output_schema.names).cast(job.output_schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return {"training": time.time() - started, "table": sink.getvalue().to_pybytes()}
+
+
 def serve(job, channel):
     timings = {}
     started = time.time()
@@ -204,7 +231,12 @@ def serve(job, channel):
     config = _wait_for(channel, "config")
     os.environ["TF_CONFIG"] = json.dumps(config["tf_config"])
     port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
-    result = _fit(tf, job, config, channel, timings) if job.kind == "fit" else _run(job, config)
+    if job.kind == "fit":
+        result = _fit(tf, job, config, channel, timings)
+    elif job.kind == "apply":
+        result = _apply(job, config)
+    else:
+        result = _run(job, config)
     result["timings"] = timings
     return result
 

@@ -1,0 +1,38 @@
+#' Run an R function in every Spark barrier task
+#'
+#' The workflow of `spark_apply(barrier = TRUE)` without the plumbing: `f` runs once in each of
+#' `num_workers` barrier tasks, in a process of its own where `TF_CONFIG` is already set for a
+#' multi-worker TensorFlow cluster, with that task's partition of `sdf` as an R data.frame. The
+#' closure travels with base `serialize()` and runs in an R embedded through rpy2 (the Python
+#' environment needs `rpy2`; see [install_tfbarrier()]).
+#'
+#' @param sdf A `pyspark` DataFrame (or an R data.frame / Parquet path, converted as in [spark_tf_fit()]).
+#' @param f `function(df, barrier)`: `df` is the task's partition; `barrier` is a list with `address`
+#'   (this worker's `host:port` in `TF_CONFIG`), `partition`, `num_workers` and `tf_config` (the JSON
+#'   string). It returns a data.frame.
+#' @param num_workers Number of barrier tasks.
+#' @param columns Named character vector of the result's column types (`"character"`, `"integer"`,
+#'   `"double"`/`"numeric"`, `"logical"`); `NULL` keeps what `f` returns.
+#' @param timeout Seconds before the job is cancelled (`NULL`: no limit).
+#' @param spark As in [spark_tf_fit()].
+#' @return A data.frame: the rows every task returned, in task order.
+#' @export
+spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = NULL, spark = NULL) {
+  if (!is.function(f)) {
+    tf_abort("f must be a function(df, barrier)", "InvalidArgumentError")
+  }
+  sdf <- as_spark_dataframe(sdf, spark)
+  closure <- reticulate::import("tfbarrier.r_closure")$RClosure(serialize(f, NULL))
+  types <- NULL
+  if (!is.null(columns)) {
+    arrow <- c(character = "string", integer = "int32", double = "float64", numeric = "float64", logical = "bool")
+    unknown <- setdiff(columns, names(arrow))
+    if (length(unknown)) {
+      tf_abort(sprintf("unknown column type(s) %s: use %s", paste(unknown, collapse = ", "),
+                       paste(names(arrow), collapse = ", ")), "InvalidArgumentError")
+    }
+    types <- as.list(stats::setNames(unname(arrow[columns]), names(columns)))
+  }
+  result <- tf_call(core$apply(sdf, closure, num_workers = num_workers, columns = types, timeout = timeout))
+  as.data.frame(result, stringsAsFactors = FALSE)
+}

@@ -1,0 +1,93 @@
+#' Train a Keras model on a Spark DataFrame with Spark barrier tasks
+#'
+#' Runs one Spark barrier stage of `num_workers` tasks; each trains on its own partition of the data
+#' in a TensorFlow process under `MultiWorkerMirroredStrategy` (gradients averaged every step). The
+#' work is done by the Python core, `tfbarrier.fit()`.
+#'
+#' @param sdf The training data: a `pyspark` DataFrame, an R data.frame (converted with
+#'   [tf_spark_dataframe()] in the session of [tf_spark_connect()]), or a Parquet path.
+#' @param model A compiled Keras model built through reticulate or `keras3` (Keras 3 or tf_keras),
+#'   e.g. [tf_keras_cnn_example()].
+#' @param features One array column (e.g. a flat image, reshaped to the model's input shape) or
+#'   several numeric columns.
+#' @param label A numeric column.
+#' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
+#' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
+#' @param ... Further arguments of `tfbarrier.fit()`: `seed`, `shuffle`, `steps_per_epoch`,
+#'   `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`, `allow_unencrypted`.
+#' @param spark The `SparkSession` to convert an R data.frame or a path in; by default the one of
+#'   [tf_spark_connect()].
+#' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
+#'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker) and
+#'   `attempts`. It has `print()`, `plot()` and `predict()` methods.
+#' @section Errors: Bad arguments and data are refused before any Spark job with an R error whose
+#'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,
+#'   `"ClusterError"`, `"WorkerError"`...) followed by `"TfBarrierError"` and `"tfbarrier_error"`.
+#' @export
+spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 32L, num_workers = 2L, ...,
+                         spark = NULL) {
+  sdf <- as_spark_dataframe(sdf, spark)
+  result <- tf_call(core$fit(
+    sdf, model, features = as_column_names(features), label = label, epochs = epochs,
+    batch_size = batch_size, num_workers = num_workers, ...
+  ))
+  new_fit(result, features)
+}
+
+#' Score a Spark DataFrame with a trained model, on the executors
+#'
+#' @param sdf A `pyspark` DataFrame (or an R data.frame / Parquet path, converted as in [spark_tf_fit()]).
+#' @param fit A `tfbarrier_fit` or a Keras model.
+#' @param features As in [spark_tf_fit()]; by default the features of `fit`.
+#' @param output_col Name of the prediction column.
+#' @param output `"class"` (class id), `"probabilities"` or `"raw"` model outputs.
+#' @param batch_size Rows per forward pass.
+#' @param spark As in [spark_tf_fit()].
+#' @return A `pyspark` DataFrame: every column of `sdf` plus `output_col`, computed lazily.
+#' @export
+spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
+                             batch_size = 1024L, spark = NULL) {
+  sdf <- as_spark_dataframe(sdf, spark)
+  model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit
+  if (is.null(features)) features <- fit$features
+  tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
+                       output = output, batch_size = batch_size))
+}
+
+#' The slides' CNN, compiled, as a Keras 3 model
+#'
+#' `Conv2D(32, 3) -> MaxPooling2D -> Flatten -> Dense(64) -> Dense(classes)` with Adam and sparse
+#' categorical cross-entropy on logits, built through reticulate (no `keras3` R package needed).
+#'
+#' @param input_shape Shape of one example, e.g. `c(28, 28, 1)` for MNIST or `c(8, 8, 1)` for digits.
+#' @param classes Number of classes.
+#' @param learning_rate Adam's learning rate.
+#' @return A compiled Keras model (a Python object).
+#' @export
+tf_keras_cnn_example <- function(input_shape = c(28L, 28L, 1L), classes = 10L, learning_rate = 0.001) {
+  keras <- reticulate::import("keras")
+  layers <- keras$layers
+  model <- keras$Sequential(list(
+    keras$Input(shape = reticulate::tuple(as.list(as.integer(input_shape)))),
+    layers$Conv2D(32L, 3L, activation = "relu"),
+    layers$MaxPooling2D(),
+    layers$Flatten(),
+    layers$Dense(64L, activation = "relu"),
+    layers$Dense(as.integer(classes))
+  ))
+  model$compile(
+    optimizer = keras$optimizers$Adam(learning_rate),
+    loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE),
+    metrics = list("accuracy")
+  )
+  model
+}
+
+as_column_names <- function(names) {
+  if (length(names) == 1) names else as.list(names)
+}
+
+as_spark_dataframe <- function(sdf, spark) {
+  if (inherits(sdf, "python.builtin.object")) return(sdf)
+  tf_spark_dataframe(if (is.null(spark)) tf_spark_connect() else spark, sdf)
+}

@@ -1,0 +1,33 @@
+#' Install the Python side of tfbarrier
+#'
+#' Creates (or updates) a Python virtualenv with `pyspark`, `tensorflow-cpu` (or `tensorflow` when
+#' `gpu = TRUE`), `tf_keras` and the `tfbarrier` Python package that this R package carries, like
+#' `tensorflow::install_tensorflow()` does. Run it once; restart R afterwards so that tfbarrier binds
+#' the new interpreter. `numpy<2` is kept: reticulate 1.28 cannot use NumPy 2.
+#'
+#' @param envname Name (or path) of the virtualenv.
+#' @param python The Python (>= 3.9) to create it with; by default reticulate finds one.
+#' @param gpu Install the full `tensorflow` build (GPU-capable) instead of `tensorflow-cpu`.
+#' @param extra_packages More pip requirements for the same environment (e.g. `"rpy2==3.6.6"` for
+#'   [spark_tf_apply()]).
+#' @return The path of the environment's Python, invisibly.
+#' @export
+install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FALSE, extra_packages = NULL) {
+  sources <- system.file("python", package = "tfbarrier")
+  if (!file.exists(file.path(sources, "pyproject.toml"))) {
+    stop("this installation of tfbarrier carries no Python sources (inst/python); ",
+         "install the tfbarrier Python package into your environment with pip instead", call. = FALSE)
+  }
+  if (!reticulate::virtualenv_exists(envname)) {
+    reticulate::virtualenv_create(envname, python = python)
+  }
+  constraints <- c("numpy<2", "pandas<3", "pyarrow<26")
+  tensorflow <- if (gpu) "tensorflow==2.21.*" else "tensorflow-cpu==2.21.*"
+  reticulate::virtualenv_install(envname, c(constraints, tensorflow, sources, extra_packages),
+                                 ignore_installed = FALSE)
+  # tf-keras requires the full `tensorflow` wheel by name: next to tensorflow-cpu it goes in alone.
+  reticulate::virtualenv_install(envname, "tf-keras==2.21.*", pip_options = "--no-deps")
+  python <- reticulate::virtualenv_python(envname)
+  message("tfbarrier's Python is ready: ", python, "\nRestart R to use it.")
+  invisible(python)
+}

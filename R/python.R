@@ -1,0 +1,65 @@
+# The bridge to the Python core: which interpreter, the lazily imported module, and Python errors as
+# R conditions.
+
+core <- NULL
+
+#' The Python interpreter tfbarrier uses
+#'
+#' In order: the `TFBARRIER_PYTHON` environment variable, the `tfbarrier.python` option, then the
+#' virtualenv made by [install_tfbarrier()] (`r-tfbarrier`). It must be chosen before Python starts
+#' in the session: reticulate 1.28 binds one interpreter per R session.
+#'
+#' @return The path of the interpreter, or `""` when none is configured.
+#' @export
+tfbarrier_python <- function() {
+  python <- Sys.getenv("TFBARRIER_PYTHON", unset = getOption("tfbarrier.python", ""))
+  if (!nzchar(python) && reticulate::virtualenv_exists(default_envname)) {
+    python <- reticulate::virtualenv_python(default_envname)
+  }
+  python
+}
+
+.onLoad <- function(libname, pkgname) {
+  python <- tfbarrier_python()
+  if (nzchar(python) && file.exists(python)) {
+    reticulate::use_python(python, required = FALSE)
+  }
+  # Delay loading: library(tfbarrier) does not start Python.
+  core <<- reticulate::import("tfbarrier", delay_load = TRUE, convert = TRUE)
+}
+
+#' Is the Python side of tfbarrier available?
+#'
+#' @return `TRUE` when the Python interpreter imports `tfbarrier` and `pyspark`, and Java is on the
+#'   `PATH` (Spark needs it).
+#' @export
+tf_available <- function() {
+  nzchar(Sys.which("java")) &&
+    reticulate::py_module_available("tfbarrier") &&
+    reticulate::py_module_available("pyspark")
+}
+
+# Evaluate a call into Python; a tfbarrier error comes back as an R condition whose class vector holds
+# the Python class names (most specific first, e.g. "ColumnError", "TfBarrierError"), then
+# "tfbarrier_error", "error", "condition".
+tf_call <- function(expr, call = sys.call(-1)) {
+  tryCatch(expr, error = function(e) {
+    last <- reticulate::py_last_error()
+    exception <- if (!is.null(last)) attr(last, "exception")
+    classes <- if (!is.null(exception)) core$errors$class_names(exception) else character()
+    if (length(classes) == 0 || !grepl(last$type, conditionMessage(e), fixed = TRUE)) {
+      stop(e)
+    }
+    tf_abort(last$value, classes, call = call, python = exception)
+  })
+}
+
+tf_abort <- function(message, classes, call = NULL, ...) {
+  condition <- structure(
+    class = c(classes, "tfbarrier_error", "error", "condition"),
+    list(message = message, call = call, ...)
+  )
+  stop(condition)
+}
+
+default_envname <- "r-tfbarrier"

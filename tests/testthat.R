@@ -1,0 +1,4 @@
+library(testthat)
+library(tfbarrier)
+
+test_check("tfbarrier")

@@ -1,0 +1,39 @@
+test_that("a missing column is an R error of the tfbarrier class, raised before any Spark job", {
+  skip_if_no_tfbarrier()
+  spark <- test_spark()
+  sdf <- tf_spark_dataframe(spark, digits[1:20, ])
+  jobs <- spark_job_count(spark)
+  err <- expect_error(
+    spark_tf_fit(sdf, tf_keras_cnn_example(c(8, 8, 1)), features = "image", label = "digit"),
+    class = "ColumnError"
+  )
+  expect_s3_class(err, "TfBarrierError")
+  expect_s3_class(err, "tfbarrier_error")
+  expect_match(conditionMessage(err), "column 'image' is not in the DataFrame")
+  expect_equal(spark_job_count(spark), jobs)
+})
+
+test_that("num_workers = 0 is refused before any Spark job", {
+  skip_if_no_tfbarrier()
+  spark <- test_spark()
+  sdf <- tf_spark_dataframe(spark, digits[1:20, ])
+  jobs <- spark_job_count(spark)
+  expect_error(
+    spark_tf_fit(sdf, tf_keras_cnn_example(c(8, 8, 1)), features = "pixels", label = "digit", num_workers = 0),
+    "num_workers must be a positive integer, got 0",
+    class = "InvalidArgumentError"
+  )
+  expect_equal(spark_job_count(spark), jobs)
+})
+
+test_that("missing values in R data are refused before reaching Python", {
+  skip_if_no_tfbarrier()
+  bad <- data.frame(x = c(1, NA, 3), y = 1:3)
+  expect_error(tf_spark_dataframe(test_spark(), bad), "column 'x' has 1 missing value", class = "ColumnError")
+})
+
+test_that("a sparklyr tbl_spark gets the documented way over", {
+  skip_if_not_installed("sparklyr")
+  tbl <- structure(list(), class = c("tbl_spark", "tbl_sql", "tbl_lazy", "tbl"))
+  expect_error(tf_spark_dataframe(NULL, tbl), "spark_write_parquet", class = "InvalidArgumentError")
+})
