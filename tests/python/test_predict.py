@@ -112,3 +112,14 @@ def test_wrong_array_length_fails_with_the_column_error(spark, model):
     df = spark.createDataFrame(pd.DataFrame({"pixels": [[0.0] * 10] * 3}))
     with pytest.raises(Exception, match="each row has 10 feature values"):
         tfbarrier.predict(df, model, features="pixels").collect()
+
+
+def test_predict_local_matches_keras_and_distributed_outputs(model, rows):
+    from tfbarrier.inference import predict_local
+
+    x = np.stack(rows["pixels"].to_numpy())[:50]
+    logits, probabilities = local_outputs(model, rows.iloc[:50])
+    assert (predict_local(model, x) == np.argmax(logits, axis=1)).all()
+    np.testing.assert_allclose(predict_local(model, x, output="probabilities"), probabilities, atol=1e-5)
+    with pytest.raises(ModelError, match="each row has 3 feature values"):
+        predict_local(model, x[:, :3])
