@@ -6,7 +6,7 @@
 #' the new interpreter. `numpy<2` is kept: reticulate 1.28 cannot use NumPy 2.
 #'
 #' @param envname Name (or path) of the virtualenv.
-#' @param python The Python (>= 3.9) to create it with; by default reticulate finds one.
+#' @param python The Python (>= 3.9) to create it with; by default `python3` on the `PATH`.
 #' @param gpu Install the full `tensorflow` build (GPU-capable) instead of `tensorflow-cpu`.
 #' @param extra_packages More pip requirements for the same environment (e.g. `"rpy2==3.6.6"` for
 #'   [spark_tf_apply()]).
@@ -18,10 +18,13 @@ install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FA
     stop("this installation of tfbarrier carries no Python sources (inst/python); ",
          "install the tfbarrier Python package into your environment with pip instead", call. = FALSE)
   }
-  if (!reticulate::virtualenv_exists(envname)) {
-    reticulate::virtualenv_create(envname, python = python)
-  }
   constraints <- c("numpy<2", "pandas<3", "pyarrow<26")
+  if (is.null(python)) python <- unname(Sys.which("python3"))
+  old <- prefer_python_libdir(python)  # pip, run from R, must load this Python's libraries
+  on.exit(Sys.setenv(LD_LIBRARY_PATH = old), add = TRUE)
+  if (!reticulate::virtualenv_exists(envname)) {
+    reticulate::virtualenv_create(envname, python = python, packages = constraints[1])
+  }
   tensorflow <- if (gpu) "tensorflow==2.21.*" else "tensorflow-cpu==2.21.*"
   reticulate::virtualenv_install(envname, c(constraints, tensorflow, sources, extra_packages),
                                  ignore_installed = FALSE)

@@ -63,3 +63,16 @@ tf_abort <- function(message, classes, call = NULL, ...) {
 }
 
 default_envname <- "r-tfbarrier"
+
+# Put `python`'s own library directory first in LD_LIBRARY_PATH, for the processes R starts from now
+# on (pip, Spark's JVM and through it every Python worker): R's LD_LIBRARY_PATH lists the system's
+# library directory, whose libpython shadows the interpreter's own and breaks `import ssl`.
+prefer_python_libdir <- function(python) {
+  code <- "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')"
+  libdir <- system2(python, c("-c", shQuote(code)), stdout = TRUE)
+  old <- Sys.getenv("LD_LIBRARY_PATH")
+  if (length(libdir) == 1 && nzchar(libdir)) {
+    Sys.setenv(LD_LIBRARY_PATH = paste(c(libdir, old[nzchar(old)]), collapse = ":"))
+  }
+  invisible(old)
+}

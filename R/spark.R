@@ -15,10 +15,7 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
   if (startsWith(master, "local") && !nzchar(Sys.getenv("SPARK_LOCAL_IP"))) {
     Sys.setenv(SPARK_LOCAL_IP = "127.0.0.1")
   }
-  # Processes Spark starts inherit R's LD_LIBRARY_PATH and could load the system's libpython
-  # instead of this interpreter's (then `import ssl` fails in the workers).
-  libdir <- reticulate::import("sysconfig")$get_config_var("LIBDIR")
-  Sys.setenv(LD_LIBRARY_PATH = paste(c(libdir, Sys.getenv("LD_LIBRARY_PATH")), collapse = ":"))
+  prefer_python_libdir(python)
   pyspark <- reticulate::import("pyspark.sql", convert = FALSE)
   builder <- pyspark$SparkSession$builder$master(master)$appName(app_name)
   defaults <- list("spark.ui.showConsoleProgress" = "false")

@@ -5,12 +5,13 @@ import time
 
 import cloudpickle
 
-from . import cluster, stage, validation
+from . import cluster, gpus, stage, validation
 from .errors import InvalidArgumentError
 from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
-_WORKER_FIELDS = ("index", "host", "port", "rows", "steps", "steps_per_epoch", "checksum", "shard_checksum", "timings")
+_WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "checksum",
+                  "shard_checksum", "timings")
 STALL_TIMEOUT = 300.0
 
 
@@ -23,9 +24,10 @@ class FitResult:
     history:  per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}
     timings:  seconds: data_shard, worker_start, rendezvous, strategy_and_model, first_step, training,
               time_to_first_step (from the fit() call), total (the chief's, plus the driver's total)
-    workers:  one dict per worker: index, host, port, rows, steps, steps_per_epoch, checksum (of the
-              final weights: equal on every worker when the replicas stayed in sync), shard_checksum
-              (of the rows it trained on), timings
+    workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
+              steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
+              every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
+              timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     """
@@ -63,7 +65,7 @@ def _spark_session(spark):
 
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
-        timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, **unknown):
+        timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -122,7 +124,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     data = validation.spark_dataframe(data)
     num_workers = validation.positive_int("num_workers", num_workers)
     epochs = validation.positive_int("epochs", epochs)
-    batch_size = validation.global_batch(validation.positive_int("batch_size", batch_size), num_workers)
+    batch_size = validation.positive_int("batch_size", batch_size)
     steps_per_epoch = validation.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
     max_retries = validation.non_negative_int("max_retries", max_retries)
@@ -135,6 +137,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     callbacks = validation.callbacks_function(callbacks)
     checkpoint_dir = validation.checkpoint_dir(checkpoint_dir)
     spark = data.sparkSession
+    gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
+    gpus.check_batch(batch_size, num_workers, gpus_per_worker)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data.select(*layout.columns)
@@ -144,7 +148,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     job = JobSpec(
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), tf_threads=tf_threads,
-        callbacks=callbacks, checkpoint_dir=checkpoint_dir, stall_timeout=stall_timeout, started_at=started,
+        callbacks=callbacks, checkpoint_dir=checkpoint_dir, stall_timeout=stall_timeout, gpus=gpu_plan,
+        started_at=started,
     )
     results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
     chief = results[0]
@@ -158,12 +163,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
 
 
 def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,
-        allow_unencrypted=False, **unknown):
+        allow_unencrypted=False, use_gpu=False, **unknown):
     """Call ``train_fn(*args, **kwargs)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set for a multi-worker TensorFlow cluster, and return worker 0's (the
     chief's) return value. ``train_fn`` builds its own strategy, as in TensorFlow's multi-worker
-    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``timeout`` and
-    ``allow_unencrypted`` are as in ``fit``."""
+    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``timeout``,
+    ``allow_unencrypted`` and ``use_gpu`` are as in ``fit``."""
     validation.no_unknown_arguments("run", unknown, run)
     if not callable(train_fn):
         raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
@@ -175,22 +180,25 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
         function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
     except Exception as exc:
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
+    gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
-    job = JobSpec(kind="run", num_workers=num_workers, function=function, tf_threads=tf_threads,
+    job = JobSpec(kind="run", num_workers=num_workers, function=function, tf_threads=tf_threads, gpus=gpu_plan,
                   started_at=time.time())
     frame = spark.range(0, num_workers, numPartitions=num_workers)
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     return cloudpickle.loads(results[0]["value"])
 
 
-def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, **unknown):
+def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
+          **unknown):
     """Call ``fn(partition, barrier)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set, on that task's partition of ``data`` (a pandas DataFrame); return
     the pandas DataFrames it returns, concatenated in worker order. ``barrier`` is a dict: address
     (this worker's host:port in TF_CONFIG), partition, num_workers, tf_config (the JSON string).
     ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
-    the result's columns. This is what R's ``spark_tf_apply()`` runs an R closure through."""
+    the result's columns. ``timeout``, ``allow_unencrypted`` and ``use_gpu`` are as in ``fit``. This is
+    what R's ``spark_tf_apply()`` runs an R closure through."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -202,10 +210,11 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     timeout = validation.positive_seconds("timeout", timeout)
     output_schema = validation.output_schema(columns)
     spark = data.sparkSession
+    gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
-    job = JobSpec(kind="apply", num_workers=num_workers, function=pickle_user_code(fn, fn),
+    job = JobSpec(kind="apply", num_workers=num_workers, function=pickle_user_code(fn, fn), gpus=gpu_plan,
                   input_schema=to_arrow_schema(data.schema), output_schema=output_schema, started_at=time.time())
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     tables = [pa.ipc.open_stream(r["table"]).read_all() for r in results]

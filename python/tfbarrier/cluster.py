@@ -12,6 +12,13 @@ def _context(spark):
     return spark.sparkContext
 
 
+def is_local_mode(spark):
+    """True for ``local``/``local[N]`` masters: one JVM, every slot there from the start ("local-cluster"
+    has executors of its own)."""
+    master = _context(spark).master
+    return master == "local" or master.startswith("local[")
+
+
 def task_slots(spark):
     """How many tasks of the default resource profile the cluster runs at once right now."""
     jsc = _context(spark)._jsc.sc()
@@ -31,8 +38,8 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
             "Spark barrier stages cannot run with dynamic allocation (SPARK-24942): start the "
             "session with spark.dynamicAllocation.enabled=false and a fixed number of executors"
         )
-    if _context(spark).master.startswith("local"):
-        wait = 0.0  # local mode has all its slots from the start
+    if is_local_mode(spark):
+        wait = 0.0
     deadline = time.monotonic() + wait
     slots = task_slots(spark)
     while slots < num_workers and time.monotonic() < deadline:

@@ -36,7 +36,8 @@ class JobSpec:
     # apply
     input_schema: object = None  # pyarrow schema of the partitions
     output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
-    # both
+    # all
+    gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     python: str = None  # interpreter of the training process; None: the executor's own
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck

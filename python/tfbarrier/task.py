@@ -15,7 +15,7 @@ import time
 
 import pyarrow as pa
 
-from . import errors, job as job_module, rendezvous, shards
+from . import errors, gpus, job as job_module, rendezvous, shards
 from .errors import InvalidArgumentError, TfBarrierError, WorkerError
 from .process import TrainingProcess
 from .worker import JOB_FILE, RESULT_FILE
@@ -26,9 +26,10 @@ STARTUP_TIMEOUT = 300  # seconds for the training process to import TensorFlow a
 EXIT_GRACE = 30  # seconds for a finished training process to exit before it is killed
 
 
-def _training_env(job):
+def _training_env(job, context, index):
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
+    env["CUDA_VISIBLE_DEVICES"] = gpus.visible_devices(job.gpus, context, index, os.environ)
     for key, value in job_module.TRAINING_ENV_DEFAULTS.items():
         env.setdefault(key, value)
     env.update(job_module.TRAINING_ENV)
@@ -58,7 +59,8 @@ def _train(job, context, batches, workdir):
         job = dataclasses.replace(job, tf_threads=context.cpus())
     with open(os.path.join(workdir, JOB_FILE), "wb") as f:
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
-    with TrainingProcess(workdir, _training_env(job), job.python, index, host) as process:
+    env = _training_env(job, context, index)
+    with TrainingProcess(workdir, env, job.python, index, host) as process:
         shard = os.path.join(workdir, "shard.arrow")
         if job.kind == "fit":
             rows = shards.write(batches, shard, job.layout)
@@ -83,7 +85,8 @@ def _train(job, context, batches, workdir):
             result = pickle.load(f)
         process.stop(grace=EXIT_GRACE)
     result["timings"].update(timings)
-    result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps)
+    result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps,
+                  executor=context.getTaskInfos()[index].address, gpus=env["CUDA_VISIBLE_DEVICES"])
     return result
 
 

@@ -210,12 +210,3 @@ def check_input_width(width, input_shape):
             f"each row has {width} feature values but the model's input shape {tuple(input_shape)} needs "
             f"{needed}: choose the matching feature columns or change the model's input"
         )
-
-
-def global_batch(batch_size, num_workers):
-    if batch_size % num_workers:
-        raise InvalidArgumentError(
-            f"batch_size={batch_size} is the global batch, split evenly across the {num_workers} workers: "
-            f"use a multiple of num_workers (e.g. {batch_size - batch_size % num_workers or num_workers})"
-        )
-    return batch_size

@@ -32,7 +32,7 @@ def fit(df, model=None, **overrides):
     ({"epochs": 2.5}, InvalidArgumentError, "epochs must be a positive integer, got 2.5"),
     ({"batch_size": "64"}, InvalidArgumentError, "batch_size must be a positive integer"),
     ({"num_workers": -1}, InvalidArgumentError, "num_workers must be a positive integer"),
-    ({"batch_size": 5}, InvalidArgumentError, "use a multiple of num_workers"),
+    ({"batch_size": 5}, InvalidArgumentError, "split evenly across 2 replicas .2 workers x 0 GPUs.: use a multiple of 2"),
     ({"num_workers": 3, "batch_size": 6}, ClusterError, "needs 3 task slots at once, but the cluster has 2"),
 ])
 def test_bad_arguments_are_refused_with_the_fix(small_df, overrides, error, message):

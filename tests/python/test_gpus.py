@@ -1,0 +1,72 @@
+"""GPUs from Spark's resource scheduler, tested without a GPU: a fake discovery script makes Spark
+schedule 'GPUs'; each training process reports the CUDA_VISIBLE_DEVICES it got (TensorFlow itself
+is not asked to use the fake devices)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tfbarrier
+from tfbarrier.errors import ClusterError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_GPUS = os.path.join(HERE, "fake_gpus.sh")
+
+
+def fit_elsewhere(master, conf, **kwargs):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_fit.py"), master, json.dumps(conf),
+                          json.dumps(kwargs)], capture_output=True, text=True, timeout=420, cwd=HERE)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, out.stderr[-4000:]
+    return json.loads(lines[0][7:])
+
+
+def test_each_task_sees_its_own_gpu_on_a_two_executor_cluster():
+    conf = {
+        "spark.worker.resource.gpu.amount": "2",  # each standalone worker offers 2 of the fake GPUs
+        "spark.worker.resource.gpu.discoveryScript": FAKE_GPUS,
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": FAKE_GPUS,
+        "spark.task.resource.gpu.amount": "1",
+    }
+    outcome = fit_elsewhere("local-cluster[2,2,1024]", conf, num_workers=4, batch_size=64, use_gpu=True)
+    assert "error" not in outcome, outcome
+    workers = outcome["workers"]
+    assert all(len(w["gpus"].split(",")) == 1 for w in workers)  # one GPU per task
+    assert len({w["executor"] for w in workers}) == 2  # two executors, two tasks each
+    assert len({(w["executor"], w["gpus"]) for w in workers}) == 4  # no GPU handed to two tasks
+    assert {w["gpus"] for w in workers} <= {"0", "1", "2", "3"}
+
+
+def test_use_gpu_on_a_cluster_without_gpu_resources_is_refused_with_the_settings():
+    outcome = fit_elsewhere("local-cluster[2,1,1024]", {}, num_workers=2, batch_size=64, use_gpu=True)
+    assert outcome["error"] == "ClusterError"
+    assert "spark.task.resource.gpu.amount" in outcome["message"]
+    assert "spark.executor.resource.gpu.discoveryScript" in outcome["message"]
+
+
+def test_local_mode_splits_the_drivers_gpus_among_the_tasks():
+    conf = {"spark.driver.resource.gpu.amount": "2", "spark.driver.resource.gpu.discoveryScript": FAKE_GPUS}
+    outcome = fit_elsewhere("local[2]", conf, num_workers=2, batch_size=64, use_gpu=True)
+    assert [w["gpus"] for w in outcome["workers"]] == ["0", "1"]
+
+
+def test_local_mode_without_driver_gpus_is_refused(spark, digits_df):
+    with pytest.raises(ClusterError, match="spark.driver.resource.gpu.amount"):
+        tfbarrier.fit(digits_df, lambda: None, features="pixels", label="digit", use_gpu=True)
+
+
+def test_gpus_are_hidden_unless_asked_for(two_worker_fit_gpus):
+    assert two_worker_fit_gpus == ["", ""]
+
+
+@pytest.fixture
+def two_worker_fit_gpus(digits_df):
+    from conftest import digits_cnn
+
+    result = tfbarrier.fit(digits_df.limit(256), digits_cnn(), features="pixels", label="digit", epochs=1,
+                           batch_size=64, num_workers=2)
+    return [w["gpus"] for w in result.workers]
