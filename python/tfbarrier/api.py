@@ -5,13 +5,13 @@ import time
 
 import cloudpickle
 
-from . import cluster, gpus, stage, validation
+from . import cluster, gpus, progress, stage, validation
 from .errors import InvalidArgumentError
 from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
 _WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "checksum",
-                  "shard_checksum", "timings")
+                  "shard_checksum", "finished_at", "timings")
 STALL_TIMEOUT = 300.0
 
 
@@ -27,9 +27,11 @@ class FitResult:
     workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
               steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
-              timings
+              finished_at (its clock when training ended), timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
+    progress: the messages the workers streamed to the driver during the fit (kind, worker,
+              sent_at, received_at, ...), as shown live at verbose=1 and 2
     """
 
     model: object
@@ -37,6 +39,39 @@ class FitResult:
     timings: dict
     workers: list
     attempts: list = dataclasses.field(default_factory=list)
+    progress: list = dataclasses.field(default_factory=list, repr=False)
+
+    def history_frame(self):
+        """``history`` as a pandas DataFrame, one row per epoch (numbered from 1)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.history)
+        frame.index = pd.RangeIndex(1, len(frame) + 1, name="epoch")
+        return frame
+
+    def plot(self, path=None):
+        """Training curves: one panel per metric, its validation twin (val_*) in the same panel.
+        Saves a PNG to ``path`` when given; returns the matplotlib Figure (needs matplotlib)."""
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        frame = self.history_frame()
+        metrics = [m for m in frame.columns if not m.startswith("val_")]
+        figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2), squeeze=False)
+        for axis, metric in zip(axes[0], metrics):
+            axis.plot(frame.index, frame[metric], marker="o", label=metric)
+            if f"val_{metric}" in frame:
+                axis.plot(frame.index, frame[f"val_{metric}"], marker="o", label=f"val_{metric}")
+                axis.legend()
+            axis.set_title(metric)
+            axis.set_xlabel("epoch")
+        figure.tight_layout()
+        if path is not None:
+            figure.savefig(path)
+        return figure
 
     @property
     def num_workers(self):
@@ -65,7 +100,8 @@ def _spark_session(spark):
 
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
-        timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, **unknown):
+        timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
+        tensorboard_dir=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -131,11 +167,13 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     timeout = validation.positive_seconds("timeout", timeout)
     stall_timeout = validation.positive_seconds("stall_timeout", stall_timeout)
     seed = None if seed is None else int(seed)
+    verbose = validation.verbosity(verbose)
+    tensorboard_dir = validation.directory("tensorboard_dir", tensorboard_dir)
     layout = validation.layout(data.schema, features, label)
     spec = ModelSpec.from_model(model)
     spec.check_loadable()
     callbacks = validation.callbacks_function(callbacks)
-    checkpoint_dir = validation.checkpoint_dir(checkpoint_dir)
+    checkpoint_dir = validation.directory("checkpoint_dir", checkpoint_dir)
     spark = data.sparkSession
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
     gpus.check_batch(batch_size, num_workers, gpus_per_worker)
@@ -148,10 +186,15 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     job = JobSpec(
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), tf_threads=tf_threads,
-        callbacks=callbacks, checkpoint_dir=checkpoint_dir, stall_timeout=stall_timeout, gpus=gpu_plan,
-        started_at=started,
+        callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
+        stall_timeout=stall_timeout, gpus=gpu_plan, started_at=started,
     )
-    results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
+    server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, global_batch=batch_size)
+    job.progress, job.verbose = server.endpoint, verbose
+    try:
+        results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
+    finally:
+        server.close()
     chief = results[0]
     trained = spec.trained_model(model, chief.get("weights"), chief.get("archive"))
     timings = dict(chief["timings"])
@@ -159,7 +202,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         timings["time_to_first_step"] = chief["first_step_at"] - started
     timings["total"] = time.time() - started
     workers = [{key: r[key] for key in _WORKER_FIELDS} for r in results]
-    return FitResult(model=trained, history=chief["history"], timings=timings, workers=workers, attempts=attempts)
+    return FitResult(model=trained, history=chief["history"], timings=timings, workers=workers, attempts=attempts,
+                     progress=server.events)
 
 
 def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,

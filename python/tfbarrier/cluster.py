@@ -25,6 +25,11 @@ def task_slots(spark):
     return jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
 
 
+def driver_host(spark):
+    """The address executors reach the driver at."""
+    return spark.conf.get("spark.driver.host", "127.0.0.1")
+
+
 def num_partitions(df):
     return df.rdd.getNumPartitions()
 

@@ -31,6 +31,7 @@ class JobSpec:
     shuffle: bool = True
     callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
     checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
+    tensorboard_dir: str = None  # the chief's TensorBoard logs
     # run, apply
     function: bytes = None  # cloudpickled (fn, args, kwargs) for run, fn for apply
     # apply
@@ -42,6 +43,8 @@ class JobSpec:
     python: str = None  # interpreter of the training process; None: the executor's own
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
+    progress: dict = None  # the driver's progress server: host, port, token (None: no live progress)
+    verbose: int = 0
     started_at: float = None  # driver clock at fit()/run() start, for time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
 

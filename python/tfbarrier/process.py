@@ -96,9 +96,10 @@ class TrainingProcess:
     def send(self, **message):
         self.channel.send(**message)
 
-    def receive(self, event, timeout=None, stall_timeout=None):
-        """Wait for the message named ``event``. Raises the worker's own error if it exits first, and
-        a WorkerStalledError when no message at all (progress included) came for ``stall_timeout`` s."""
+    def receive(self, event, timeout=None, stall_timeout=None, on_message=None):
+        """Wait for the message named ``event``; other messages go to ``on_message``. Raises the
+        worker's own error if it exits first, and a WorkerStalledError when no message at all
+        (progress included) came for ``stall_timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last_message = time.monotonic()
         while True:
@@ -111,6 +112,8 @@ class TrainingProcess:
                 last_message = now
                 if message.get("event") == event:
                     return message
+                if on_message is not None:
+                    on_message(message)
                 continue
             if self._proc.poll() is not None:
                 raise self.failure()

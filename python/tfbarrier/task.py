@@ -11,13 +11,14 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
 
 import pyarrow as pa
 
-from . import errors, gpus, job as job_module, rendezvous, shards
+from . import errors, gpus, job as job_module, progress, rendezvous, shards
 from .errors import InvalidArgumentError, TfBarrierError, WorkerError
-from .process import TrainingProcess
+from .process import LOG_FILE, TrainingProcess
 from .worker import JOB_FILE, RESULT_FILE
 
 RESULT_SCHEMA = "index int, payload binary"
@@ -50,17 +51,21 @@ def _check_shards(peers):
         )
 
 
-def _train(job, context, batches, workdir):
+def _train(job, context, batches, workdir, reporter):
     index = context.partitionId()
     host = rendezvous.task_host(context)
     started = time.time()
+    reporter.event(f"task started on {host} (attempt {job.attempt})")
     timings = {}
     if job.tf_threads is None:  # one intra-op thread per CPU Spark gave this task
         job = dataclasses.replace(job, tf_threads=context.cpus())
     with open(os.path.join(workdir, JOB_FILE), "wb") as f:
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
     env = _training_env(job, context, index)
+    stop_following = threading.Event()
     with TrainingProcess(workdir, env, job.python, index, host) as process:
+        if job.verbose >= 2:
+            reporter.follow(os.path.join(workdir, LOG_FILE), stop_following)
         shard = os.path.join(workdir, "shard.arrow")
         if job.kind == "fit":
             rows = shards.write(batches, shard, job.layout)
@@ -69,21 +74,26 @@ def _train(job, context, batches, workdir):
         else:
             rows = 0
         timings["data_shard"] = time.time() - started
+        reporter.event(f"partition written: {rows} rows")
         port = process.receive("port", timeout=STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - started
+        reporter.event(f"training process ready on port {port}")
         gathered = time.time()
         peers = rendezvous.gather(context, {"host": host, "port": port, "rows": rows})
         timings["rendezvous"] = time.time() - gathered
+        reporter.event(f"rendezvous: {len(peers)} workers")
         if job.kind == "fit":
             _check_shards(peers)
         steps = job.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], job.batch_size)
         process.send(
             event="config", tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps, shard=shard
         )
-        process.receive("done", stall_timeout=job.stall_timeout)
+        forward = lambda message: reporter.send("progress", **message)  # noqa: E731
+        process.receive("done", stall_timeout=job.stall_timeout, on_message=forward)
         with open(os.path.join(workdir, RESULT_FILE), "rb") as f:
             result = pickle.load(f)
         process.stop(grace=EXIT_GRACE)
+        stop_following.set()
     result["timings"].update(timings)
     result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps,
                   executor=context.getTaskInfos()[index].address, gpus=env["CUDA_VISIBLE_DEVICES"])
@@ -98,8 +108,9 @@ def barrier_function(job):
 
         context = BarrierTaskContext.get()
         workdir = tempfile.mkdtemp(prefix=f"tfbarrier-{job.job_id}-{context.partitionId()}-")
+        reporter = progress.Reporter(job.progress, context.partitionId())
         try:
-            result = _train(job, context, batches, workdir)
+            result = _train(job, context, batches, workdir, reporter)
         except TfBarrierError as exc:
             raise RuntimeError(errors.encode(exc)) from None
         except Exception as exc:
@@ -109,6 +120,7 @@ def barrier_function(job):
             )
             raise RuntimeError(errors.encode(error)) from exc
         finally:
+            reporter.close()
             shutil.rmtree(workdir, ignore_errors=True)
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
         yield pa.RecordBatch.from_arrays(

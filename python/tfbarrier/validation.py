@@ -63,12 +63,18 @@ def callbacks_function(callbacks):
         raise InvalidArgumentError(f"the callbacks function cannot be pickled: {exc}") from exc
 
 
-def checkpoint_dir(path):
-    """The checkpoint directory, made on the driver when it is a local path."""
+def verbosity(verbose):
+    if isinstance(verbose, bool) or verbose not in (0, 1, 2):
+        raise InvalidArgumentError(f"verbose must be 0 (silent), 1 (progress bar) or 2 (also logs), got {verbose!r}")
+    return int(verbose)
+
+
+def directory(name, path):
+    """A directory argument, made on the driver when it is a local path."""
     if path is None:
         return None
     if not isinstance(path, (str, os.PathLike)):
-        raise InvalidArgumentError(f"checkpoint_dir must be a directory path, got {type(path).__name__}")
+        raise InvalidArgumentError(f"{name} must be a directory path, got {type(path).__name__}")
     path = os.fspath(path)
     if "://" not in path:
         path = os.path.abspath(path)

@@ -70,26 +70,32 @@ def _callbacks(channel, job, is_chief):
 
         def __init__(self):
             super().__init__()
-            self.steps = 0
+            self.steps = 0  # steps run by this process
+            self.skipped = 0  # steps of the epochs a resumed run did not have to run again
             self.first_step_at = None
             self._last_sent = 0.0
 
         def _send(self, **message):
             self._last_sent = time.monotonic()
-            channel.send(event="progress", steps=self.steps, **message)
+            channel.send(event="progress", steps=self.skipped + self.steps, **message)
 
         def on_train_begin(self, logs=None):
-            self._send()
+            self._send(total_steps=self.params["epochs"] * self.params["steps"])
 
         def on_train_batch_end(self, batch, logs=None):
             self.steps += 1
             if self.first_step_at is None:
                 self.first_step_at = time.time()
             if time.monotonic() - self._last_sent >= 1.0:
-                self._send()
+                loss = (logs or {}).get("loss")
+                self._send(loss=None if loss is None else float(loss))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.steps == 0:
+                self.skipped = epoch * self.params["steps"]
 
         def on_epoch_end(self, epoch, logs=None):
-            self._send(epoch=epoch)
+            self._send(epoch=epoch, logs={k: float(v) for k, v in (logs or {}).items()})
 
     class EpochLog(tf_keras.callbacks.Callback):
         """Per-epoch logs across resumed attempts. The chief keeps them in the checkpoint directory
@@ -121,6 +127,8 @@ def _callbacks(channel, job, is_chief):
     callbacks = [progress, epoch_log]
     if job.checkpoint_dir:
         callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(job.checkpoint_dir, "backup")))
+    if job.tensorboard_dir and is_chief:
+        callbacks.append(tf_keras.callbacks.TensorBoard(job.tensorboard_dir))
     if job.callbacks:
         callbacks.extend(cloudpickle.loads(job.callbacks)())
     return progress, epoch_log, callbacks
@@ -168,6 +176,7 @@ def _fit(tf, job, config, channel, timings):
         "shard_checksum": weights_checksum([x, y]),
         "steps": progress.steps,
         "first_step_at": progress.first_step_at,
+        "finished_at": time.time(),
     }
     if index == 0:
         result["weights"] = weights

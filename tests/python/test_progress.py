@@ -1,0 +1,106 @@
+"""Live progress and logs on the driver; training curves as pictures."""
+
+import json
+import socket
+import time
+
+import psutil
+import pytest
+from conftest import digits_cnn
+
+import tfbarrier
+from tfbarrier.progress import ProgressServer
+
+
+def say_hello_from_worker_1():
+    import os
+
+    import tf_keras
+
+    class Hello(tf_keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+                print("hello from worker 1", flush=True)
+
+    return [Hello()]
+
+
+def listening_ports():
+    return {c.laddr.port for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.fixture(scope="module")
+def verbose_fit(digits_df, tmp_path_factory):
+    """A verbose=2 fit, with its driver output and the listening ports before and after."""
+    import io
+    import sys
+
+    before = listening_ports()
+    err, sys.stderr = sys.stderr, io.StringIO()
+    try:
+        result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=3, batch_size=64,
+                               num_workers=2, verbose=2, callbacks=say_hello_from_worker_1,
+                               tensorboard_dir=str(tmp_path_factory.mktemp("tensorboard")))
+        output = sys.stderr.getvalue()
+    finally:
+        sys.stderr = err
+    return result, output, before, listening_ports()
+
+
+def test_progress_from_both_workers_arrives_while_training_runs(verbose_fit):
+    result = verbose_fit[0]
+    for worker in result.workers:
+        updates = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == worker["index"]]
+        assert updates, f"no progress from worker {worker['index']}"
+        assert min(m["received_at"] for m in updates) < worker["finished_at"]  # live, not at the end
+    epochs = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == 0 and "logs" in m]
+    assert [m["epoch"] for m in epochs] == [0, 1, 2] and "loss" in epochs[0]["logs"]
+
+
+def test_verbose_2_shows_every_workers_log_lines_and_a_progress_bar(verbose_fit):
+    output = verbose_fit[1]
+    assert "[worker 1] hello from worker 1" in output
+    assert "[worker 1] rendezvous: 2 workers" in output and "[worker 0] rendezvous: 2 workers" in output
+    assert "epoch 3: loss" in output and "step" in output
+
+
+def test_the_progress_server_is_closed_after_fit(verbose_fit):
+    _, _, before, after = verbose_fit
+    assert after <= before
+
+
+def test_tensorboard_logs_are_written_by_the_chief(verbose_fit, tmp_path_factory):
+    import glob
+
+    assert glob.glob(str(tmp_path_factory.getbasetemp() / "tensorboard*" / "**" / "events.out.tfevents.*"),
+                     recursive=True)
+
+
+def test_plot_writes_a_png_with_one_panel_per_metric(verbose_fit, tmp_path):
+    path = tmp_path / "curves.png"
+    figure = verbose_fit[0].plot(path)
+    assert [axis.get_title() for axis in figure.axes] == ["loss", "accuracy"]
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_history_frame_has_one_row_per_epoch(verbose_fit):
+    frame = verbose_fit[0].history_frame()
+    assert list(frame.columns) == ["loss", "accuracy"] and list(frame.index) == [1, 2, 3]
+
+
+def test_a_message_with_a_wrong_token_is_rejected():
+    server = ProgressServer("127.0.0.1", verbose=0)
+    try:
+        for token in ("not-the-token", server.token):
+            with socket.create_connection((server.host, server.port)) as s:
+                s.sendall(json.dumps({"token": token}).encode() + b"\n")
+                s.sendall(json.dumps({"kind": "event", "worker": 0, "event": f"sent with {token}"}).encode() + b"\n")
+        deadline = time.time() + 5
+        while not server.events and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.close()
+    assert [m["event"] for m in server.events] == [f"sent with {server.token}"]
+    assert server.rejected == 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", server.port))  # the port is free once the server is closed
