@@ -56,6 +56,7 @@ $(RPY2_STAMP): $(STAMP) | r-deps
 
 bench: venv
 	$(PY) bench/predict_bench.py
+	$(PY) bench/env_bench.py
 
 venv: system-deps $(STAMP)
 

@@ -14,10 +14,11 @@
 #' @param columns Named character vector of the result's column types (`"character"`, `"integer"`,
 #'   `"double"`/`"numeric"`, `"logical"`); `NULL` keeps what `f` returns.
 #' @param timeout Seconds before the job is cancelled (`NULL`: no limit).
+#' @param env The training processes' Python environment, from [tf_env()] (`NULL`: the executors' own).
 #' @param spark As in [spark_tf_fit()].
 #' @return A data.frame: the rows every task returned, in task order.
 #' @export
-spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = NULL, spark = NULL) {
+spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = NULL, env = NULL, spark = NULL) {
   if (!is.function(f)) {
     tf_abort("f must be a function(df, barrier)", "InvalidArgumentError")
   }
@@ -33,6 +34,7 @@ spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = N
     }
     types <- as.list(stats::setNames(unname(arrow[columns]), names(columns)))
   }
-  result <- tf_call(core$apply(sdf, closure, num_workers = num_workers, columns = types, timeout = timeout))
+  result <- tf_call(core$apply(sdf, closure, num_workers = num_workers, columns = types, timeout = timeout,
+                               env = env))
   as.data.frame(result, stringsAsFactors = FALSE)
 }

@@ -14,7 +14,8 @@
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
 #' @param ... Further arguments of `tfbarrier.fit()`: `seed`, `shuffle`, `steps_per_epoch`,
-#'   `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`, `allow_unencrypted`.
+#'   `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`, `allow_unencrypted`,
+#'   `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
 #' @param spark The `SparkSession` to convert an R data.frame or a path in; by default the one of
 #'   [tf_spark_connect()].
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per

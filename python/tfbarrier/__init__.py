@@ -8,8 +8,9 @@ training processes.
 
 from . import errors
 from .api import FitResult, apply, fit, run
+from .environment import PythonEnv
 from .frames import spark_frame
 from .inference import predict
 
 __version__ = "0.1.0"
-__all__ = ["FitResult", "apply", "errors", "fit", "predict", "run", "spark_frame", "__version__"]
+__all__ = ["FitResult", "PythonEnv", "apply", "errors", "fit", "predict", "run", "spark_frame", "__version__"]

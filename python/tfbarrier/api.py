@@ -6,12 +6,13 @@ import time
 import cloudpickle
 
 from . import cluster, gpus, progress, stage, validation
+from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
-_WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "checksum",
-                  "shard_checksum", "finished_at", "timings")
+_WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
+                  "python_prefix", "checksum", "shard_checksum", "finished_at", "timings")
 STALL_TIMEOUT = 300.0
 
 
@@ -27,7 +28,8 @@ class FitResult:
     workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
               steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
-              finished_at (its clock when training ended), timings
+              environment (path, built, seconds; None for the executor's own Python), python_prefix
+              (sys.prefix of its training process), finished_at (its clock when training ended), timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,
@@ -89,6 +91,17 @@ class FitResult:
         )
 
 
+def _python_env(spark, env):
+    """Check ``env`` and ship an archive environment to the executors."""
+    if env is None:
+        return None
+    if not isinstance(env, PythonEnv):
+        raise InvalidArgumentError(f"env must be a tfbarrier.PythonEnv or None, got {type(env).__name__}")
+    if env.archive:
+        cluster.add_archive(spark, env.archive)
+    return env
+
+
 def _spark_session(spark):
     from pyspark.sql import SparkSession
 
@@ -101,7 +114,7 @@ def _spark_session(spark):
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
         timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
-        tensorboard_dir=None, **unknown):
+        tensorboard_dir=None, env=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -175,6 +188,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     callbacks = validation.callbacks_function(callbacks)
     checkpoint_dir = validation.directory("checkpoint_dir", checkpoint_dir)
     spark = data.sparkSession
+    env = _python_env(spark, env)
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
     gpus.check_batch(batch_size, num_workers, gpus_per_worker)
     cluster.check_encryption(spark, allow_unencrypted)
@@ -187,7 +201,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), tf_threads=tf_threads,
         callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
-        stall_timeout=stall_timeout, gpus=gpu_plan, started_at=started,
+        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, started_at=started,
     )
     server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, global_batch=batch_size)
     job.progress, job.verbose = server.endpoint, verbose
@@ -207,12 +221,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
 
 
 def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,
-        allow_unencrypted=False, use_gpu=False, **unknown):
+        allow_unencrypted=False, use_gpu=False, env=None, **unknown):
     """Call ``train_fn(*args, **kwargs)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set for a multi-worker TensorFlow cluster, and return worker 0's (the
     chief's) return value. ``train_fn`` builds its own strategy, as in TensorFlow's multi-worker
     tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``timeout``,
-    ``allow_unencrypted`` and ``use_gpu`` are as in ``fit``."""
+    ``allow_unencrypted``, ``use_gpu`` and ``env`` are as in ``fit``."""
     validation.no_unknown_arguments("run", unknown, run)
     if not callable(train_fn):
         raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
@@ -220,6 +234,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
     timeout = validation.positive_seconds("timeout", timeout)
     spark = _spark_session(spark)
+    env = _python_env(spark, env)
     try:
         function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
     except Exception as exc:
@@ -228,20 +243,20 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     job = JobSpec(kind="run", num_workers=num_workers, function=function, tf_threads=tf_threads, gpus=gpu_plan,
-                  started_at=time.time())
+                  env=env, started_at=time.time())
     frame = spark.range(0, num_workers, numPartitions=num_workers)
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     return cloudpickle.loads(results[0]["value"])
 
 
 def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
-          **unknown):
+          env=None, **unknown):
     """Call ``fn(partition, barrier)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set, on that task's partition of ``data`` (a pandas DataFrame); return
     the pandas DataFrames it returns, concatenated in worker order. ``barrier`` is a dict: address
     (this worker's host:port in TF_CONFIG), partition, num_workers, tf_config (the JSON string).
     ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
-    the result's columns. ``timeout``, ``allow_unencrypted`` and ``use_gpu`` are as in ``fit``. This is
+    the result's columns. ``timeout``, ``allow_unencrypted``, ``use_gpu`` and ``env`` are as in ``fit``. This is
     what R's ``spark_tf_apply()`` runs an R closure through."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -254,12 +269,14 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     timeout = validation.positive_seconds("timeout", timeout)
     output_schema = validation.output_schema(columns)
     spark = data.sparkSession
+    env = _python_env(spark, env)
     gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     job = JobSpec(kind="apply", num_workers=num_workers, function=pickle_user_code(fn, fn), gpus=gpu_plan,
-                  input_schema=to_arrow_schema(data.schema), output_schema=output_schema, started_at=time.time())
+                  input_schema=to_arrow_schema(data.schema), output_schema=output_schema, env=env,
+                  started_at=time.time())
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     tables = [pa.ipc.open_stream(r["table"]).read_all() for r in results]
     return pa.concat_tables(tables, promote_options="default").to_pandas()

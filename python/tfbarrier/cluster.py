@@ -59,6 +59,11 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
     return slots
 
 
+def add_archive(spark, path):
+    """Ship an archive to every executor, unpacked there (SparkFiles.get(its file name))."""
+    _context(spark).addArchive(path)
+
+
 def broadcast(spark, value):
     """A Spark broadcast of ``value``; executors read it with ``.value``."""
     return _context(spark).broadcast(value)

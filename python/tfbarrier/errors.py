@@ -48,6 +48,11 @@ class WorkerStalledError(WorkerError):
     """A worker made no progress for ``stall_timeout`` seconds (a stuck collective, a deadlock)."""
 
 
+class EnvironmentBuildError(WorkerError):
+    """An executor could not build (or find) the Python environment of the training process;
+    the message names the host, the requirements and the last lines of pip's output."""
+
+
 class PortClashError(WorkerError):
     """Another process took a worker's port between choosing it and TensorFlow binding it.
     fit()/run() retry these on their own."""

@@ -40,7 +40,7 @@ class JobSpec:
     # all
     gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
-    python: str = None  # interpreter of the training process; None: the executor's own
+    env: object = None  # environment.PythonEnv of the training process; None: the executor's own Python
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
     progress: dict = None  # the driver's progress server: host, port, token (None: no live progress)

@@ -16,7 +16,7 @@ import time
 
 import pyarrow as pa
 
-from . import errors, gpus, job as job_module, progress, rendezvous, shards
+from . import environment, errors, gpus, job as job_module, progress, rendezvous, shards
 from .errors import InvalidArgumentError, TfBarrierError, WorkerError
 from .process import LOG_FILE, TrainingProcess
 from .worker import JOB_FILE, RESULT_FILE
@@ -27,7 +27,7 @@ STARTUP_TIMEOUT = 300  # seconds for the training process to import TensorFlow a
 EXIT_GRACE = 30  # seconds for a finished training process to exit before it is killed
 
 
-def _training_env(job, context, index):
+def _training_env(job, context, index, workdir):
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)
     env["CUDA_VISIBLE_DEVICES"] = gpus.visible_devices(job.gpus, context, index, os.environ)
@@ -36,9 +36,12 @@ def _training_env(job, context, index):
     env.update(job_module.TRAINING_ENV)
     env[job_module.ATTEMPT_ENV] = str(job.attempt)
     env["PYTHONUNBUFFERED"] = "1"
-    # The training process imports tfbarrier from wherever this task imported it.
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    # The training process imports tfbarrier from wherever this task imported it, and nothing else
+    # from there: a directory holding only a link to the package goes first on its path.
+    shim = os.path.join(workdir, "pythonpath")
+    os.makedirs(shim, exist_ok=True)
+    os.symlink(os.path.dirname(os.path.abspath(__file__)), os.path.join(shim, "tfbarrier"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -61,9 +64,14 @@ def _train(job, context, batches, workdir, reporter):
         job = dataclasses.replace(job, tf_threads=context.cpus())
     with open(os.path.join(workdir, JOB_FILE), "wb") as f:
         pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
-    env = _training_env(job, context, index)
+    python, environment_info = environment.resolve(job.env)
+    if environment_info is not None:
+        timings["environment"] = environment_info["seconds"]
+        what = "built" if environment_info["built"] else "found"
+        reporter.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
+    env = _training_env(job, context, index, workdir)
     stop_following = threading.Event()
-    with TrainingProcess(workdir, env, job.python, index, host) as process:
+    with TrainingProcess(workdir, env, python, index, host) as process:
         if job.verbose >= 2:
             reporter.follow(os.path.join(workdir, LOG_FILE), stop_following)
         shard = os.path.join(workdir, "shard.arrow")
@@ -96,7 +104,8 @@ def _train(job, context, batches, workdir, reporter):
         stop_following.set()
     result["timings"].update(timings)
     result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps,
-                  executor=context.getTaskInfos()[index].address, gpus=env["CUDA_VISIBLE_DEVICES"])
+                  executor=context.getTaskInfos()[index].address, gpus=env["CUDA_VISIBLE_DEVICES"],
+                  environment=environment_info)
     return result
 
 

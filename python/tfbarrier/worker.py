@@ -247,6 +247,7 @@ def serve(job, channel):
     else:
         result = _run(job, config)
     result["timings"] = timings
+    result["python_prefix"] = sys.prefix
     return result
 
 
