@@ -34,7 +34,7 @@ spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = N
     }
     types <- as.list(stats::setNames(unname(arrow[columns]), names(columns)))
   }
-  result <- tf_call(core$apply(sdf, closure, num_workers = num_workers, columns = types, timeout = timeout,
+  result <- tf_call(core$apply(sdf, closure, num_workers = as_int(num_workers), columns = types, timeout = timeout,
                                env = env))
   as.data.frame(result, stringsAsFactors = FALSE)
 }

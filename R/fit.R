@@ -29,8 +29,8 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
                          spark = NULL) {
   sdf <- as_spark_dataframe(sdf, spark)
   result <- tf_call(core$fit(
-    sdf, model, features = as_column_names(features), label = label, epochs = epochs,
-    batch_size = batch_size, num_workers = num_workers, ...
+    sdf, model, features = as_column_names(features), label = label, epochs = as_int(epochs),
+    batch_size = as_int(batch_size), num_workers = as_int(num_workers), ...
   ))
   new_fit(result, features)
 }
@@ -52,7 +52,7 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
   model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit
   if (is.null(features)) features <- fit$features
   tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
-                       output = output, batch_size = batch_size))
+                       output = output, batch_size = as_int(batch_size)))
 }
 
 #' The slides' CNN, compiled, as a Keras 3 model
@@ -82,6 +82,12 @@ tf_keras_cnn_example <- function(input_shape = c(28L, 28L, 1L), classes = 10L, l
     metrics = list("accuracy")
   )
   model
+}
+
+# Whole numbers go to Python as integers (3 -> 3L); anything else goes as it is, for the core to refuse
+# with its own message.
+as_int <- function(x) {
+  if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x
 }
 
 as_column_names <- function(names) {

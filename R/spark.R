@@ -11,14 +11,18 @@
 #' @export
 tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "tfbarrier") {
   python <- reticulate::py_config()$python
-  Sys.setenv(PYSPARK_PYTHON = python, PYSPARK_DRIVER_PYTHON = python)
-  if (startsWith(master, "local") && !nzchar(Sys.getenv("SPARK_LOCAL_IP"))) {
-    Sys.setenv(SPARK_LOCAL_IP = "127.0.0.1")
-  }
+  local <- master == "local" || startsWith(master, "local[")
   prefer_python_libdir(python)
+  env <- list(PYSPARK_PYTHON = python, PYSPARK_DRIVER_PYTHON = python, LD_LIBRARY_PATH = Sys.getenv("LD_LIBRARY_PATH"))
+  if (local && !nzchar(Sys.getenv("SPARK_LOCAL_IP"))) env$SPARK_LOCAL_IP <- "127.0.0.1"
+  # Python copied the environment when it started; pyspark hands its own copy to the JVM it launches.
+  do.call(Sys.setenv, env)
+  environ <- reticulate::import("os", convert = FALSE)$environ
+  for (key in names(env)) reticulate::py_set_item(environ, key, env[[key]])
   pyspark <- reticulate::import("pyspark.sql", convert = FALSE)
   builder <- pyspark$SparkSession$builder$master(master)$appName(app_name)
-  defaults <- list("spark.ui.showConsoleProgress" = "false")
+  defaults <- list("spark.ui.showConsoleProgress" = "false", "spark.pyspark.python" = python)
+  if (local) defaults[["spark.driver.host"]] <- "127.0.0.1"  # a local job stays on the loopback
   for (key in union(names(defaults), names(config))) {
     value <- if (!is.null(config[[key]])) config[[key]] else defaults[[key]]
     builder <- builder$config(key, as.character(value))
@@ -33,7 +37,12 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
 #' @param spark A `SparkSession` from [tf_spark_connect()].
 #' @param data An R data.frame (numeric, integer, logical or character columns; a matrix column, or a
 #'   list column of equal-length numeric vectors, becomes an array column, e.g. a flat image per
-#'   row), the path of a Parquet dataset, or a `pyspark` DataFrame (returned as is).
+#'   row), the path of a Parquet dataset, a `pyspark` DataFrame (returned as is), or a sparklyr
+#'   `tbl_spark`.
+#' @section sparklyr: A `tbl_spark` lives in sparklyr's own JVM, not in the one tfbarrier's pyspark
+#'   drives. It crosses over through Parquet: sparklyr writes it to `getOption("tfbarrier.exchange_dir")`
+#'   (default: a new directory under [tempdir()]), which both sides must see (any local path in local
+#'   mode; a shared file system such as HDFS or S3 on a cluster), and pyspark reads it from there.
 #' @return A `pyspark.sql.DataFrame`.
 #' @export
 tf_spark_dataframe <- function(spark, data) {
@@ -44,10 +53,7 @@ tf_spark_dataframe <- function(spark, data) {
     return(tf_call(spark$read$parquet(data)))
   }
   if (inherits(data, "tbl_spark")) {
-    tf_abort(paste0(
-      "a sparklyr tbl_spark lives in sparklyr's own JVM: write it to Parquet where both sides can read it ",
-      "(sparklyr::spark_write_parquet(tbl, path)) and pass the path instead"
-    ), "InvalidArgumentError")
+    return(tbl_spark_dataframe(spark, data))
   }
   if (!is.data.frame(data)) {
     tf_abort(paste0("data must be a data.frame, a Parquet path or a pyspark DataFrame, not ",
@@ -74,4 +80,14 @@ column_array <- function(name, values) {
              "ColumnError")
   }
   reticulate::np_array(values)
+}
+
+tbl_spark_dataframe <- function(spark, tbl) {
+  if (!requireNamespace("sparklyr", quietly = TRUE)) {
+    tf_abort("a tbl_spark needs the sparklyr package", "InvalidArgumentError")
+  }
+  exchange <- getOption("tfbarrier.exchange_dir", tempfile("tfbarrier-exchange-"))
+  path <- file.path(exchange, basename(tempfile("tbl-")))
+  sparklyr::spark_write_parquet(tbl, path, mode = "overwrite")
+  tf_call(spark$read$parquet(path))
 }

@@ -3,6 +3,7 @@
 
 import os
 import sys
+import uuid
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,26 @@ import pytest
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every process this session starts (Spark's JVM, its Python workers, their training processes)
+# inherits this tag, so leftover checks see this session's processes only, orphans included.
+SESSION_TAG = uuid.uuid4().hex
+os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
+
+
+def training_processes():
+    """PIDs of this test session's live training processes."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if ("tfbarrier.worker" in " ".join(proc.info["cmdline"] or [])
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                    and proc.environ().get("TFBARRIER_TEST_SESSION") == SESSION_TAG):
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
 
 HELD_OUT = 300
 

@@ -4,24 +4,12 @@ import json
 import socket
 import time
 
-import psutil
 import pytest
-from conftest import digits_cnn
+from conftest import digits_cnn, training_processes
 
 import faults
 import tfbarrier
 from tfbarrier.errors import FitTimeoutError, WorkerError, WorkerStalledError
-
-
-def training_processes():
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        try:
-            if "tfbarrier.worker" in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
 
 
 def port_is_free(endpoint):

@@ -2,7 +2,7 @@
 
 import pandas as pd
 import pytest
-from conftest import digits_cnn, held_out_accuracy, partitioned
+from conftest import digits_cnn, held_out_accuracy, partitioned, training_processes
 
 import tfbarrier
 
@@ -105,10 +105,4 @@ def test_numeric_feature_columns_and_a_model_function(spark):
 
 
 def test_no_training_process_outlives_its_fit(two_worker_fit):
-    import psutil
-
-    leftovers = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if "tfbarrier.worker" in " ".join(proc.info["cmdline"] or []) and proc.status() != psutil.STATUS_ZOMBIE:
-            leftovers.append(proc.pid)
-    assert leftovers == []
+    assert training_processes() == []

@@ -104,3 +104,19 @@ def test_a_message_with_a_wrong_token_is_rejected():
     assert server.rejected == 1
     with socket.socket() as s:
         s.bind(("127.0.0.1", server.port))  # the port is free once the server is closed
+
+
+def test_an_unreachable_driver_costs_the_workers_nothing_and_the_driver_warns():
+    from tfbarrier.progress import ProgressUnavailableWarning, Reporter
+
+    server = ProgressServer("127.0.0.1", verbose=1)
+    with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task
+        closed.bind(("127.0.0.1", 0))
+        unreachable = {**server.endpoint, "port": closed.getsockname()[1]}
+    reporter = Reporter(unreachable, worker=0)
+    reporter.event("started")  # no exception, no delay: training goes on
+    reporter.send("progress", steps=1)
+    reporter.close()
+    with pytest.warns(ProgressUnavailableWarning, match="no progress reached the driver"):
+        server.close()
+    assert server.events == []

@@ -32,8 +32,19 @@ test_that("missing values in R data are refused before reaching Python", {
   expect_error(tf_spark_dataframe(test_spark(), bad), "column 'x' has 1 missing value", class = "ColumnError")
 })
 
-test_that("a sparklyr tbl_spark gets the documented way over", {
+test_that("a sparklyr tbl_spark crosses over through Parquet", {
+  skip_if_no_tfbarrier()
   skip_if_not_installed("sparklyr")
-  tbl <- structure(list(), class = c("tbl_spark", "tbl_sql", "tbl_lazy", "tbl"))
-  expect_error(tf_spark_dataframe(NULL, tbl), "spark_write_parquet", class = "InvalidArgumentError")
+  sc <- sparklyr::spark_connect(master = "local[1]")
+  on.exit(sparklyr::spark_disconnect(sc))
+  tbl <- sparklyr::copy_to(sc, data.frame(x = as.numeric(1:5), y = 5:1), "tfbarrier_tbl", overwrite = TRUE)
+  sdf <- tf_spark_dataframe(test_spark(), tbl)
+  expect_equal(sdf$count(), 5)
+  expect_setequal(unlist(sdf$columns), c("x", "y"))
+})
+
+test_that("whole R numbers reach Python as integers", {
+  expect_identical(tfbarrier:::as_int(3), 3L)
+  expect_identical(tfbarrier:::as_int(2.5), 2.5)
+  expect_identical(tfbarrier:::as_int("3"), "3")
 })
