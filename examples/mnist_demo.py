@@ -30,18 +30,19 @@ def mnist_frames():
     return frame.iloc[HELD_OUT:], frame.iloc[:HELD_OUT]
 
 
-def slides_cnn():
+def slides_cnn(input_shape=(28, 28, 1), learning_rate=0.001):
+    """The slides' CNN, compiled (Keras 3): Conv2D(32,3) -> MaxPool -> Flatten -> Dense(64) -> Dense(10)."""
     import keras
 
     model = keras.Sequential([
-        keras.Input((28, 28, 1)),
+        keras.Input(input_shape),
         keras.layers.Conv2D(32, 3, activation="relu"),
         keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
         keras.layers.Dense(64, activation="relu"),
         keras.layers.Dense(10),
     ])
-    model.compile(optimizer=keras.optimizers.Adam(0.001),
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     return model
 

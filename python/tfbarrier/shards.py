@@ -56,30 +56,25 @@ def feature_matrix(batch, layout):
     return pa.FixedSizeListArray.from_arrays(pc.cast(values, pa.float32()), width)
 
 
+def _training_batch(batch, layout):
+    """One Spark batch as the shard's (x, y) batch."""
+    label = batch.column(layout.label)
+    if label.null_count:
+        raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
+    return pa.RecordBatch.from_arrays([feature_matrix(batch, layout), label], ["x", "y"])
+
+
 def write(batches, path, layout):
-    """Stream Arrow record batches of the partition to ``path``; return the number of rows written."""
-    rows = 0
-    writer = None
-    try:
-        for batch in batches:
-            label = batch.column(layout.label)
-            if label.null_count:
-                raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
-            out = pa.RecordBatch.from_arrays([feature_matrix(batch, layout), label], ["x", "y"])
-            if writer is None:
-                writer = pa.ipc.new_file(path, out.schema)
-            writer.write_batch(out)
-            rows += len(out)
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:  # an empty partition still gets a (row-less) file
+    """Stream the partition's Arrow record batches to ``path`` as (x, y); return the rows written."""
+    rows = write_partition((_training_batch(batch, layout) for batch in batches), path)
+    if not os.path.exists(path):  # an empty partition still gets a (row-less) file
         pa.ipc.new_file(path, pa.schema([("x", pa.list_(pa.float32(), 1)), ("y", pa.float32())])).close()
     return rows
 
 
 def write_partition(batches, path):
-    """Stream the partition's record batches unchanged to ``path`` (for ``apply``); return the row count."""
+    """Stream record batches to an Arrow file at ``path``, one batch in memory at a time (as they come
+    for ``apply``); return the row count. No batches, no file."""
     rows = 0
     writer = None
     try:

@@ -36,6 +36,7 @@ def training_processes():
     return found
 
 HELD_OUT = 300
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 
 
 def make_spark(master="local[2]", **conf):
@@ -84,23 +85,10 @@ def digits_df(spark, digits):
 
 
 def digits_cnn():
-    """The slides' CNN, sized for 8x8 digits, as a compiled Keras 3 model."""
-    import keras
+    """The slides' CNN (the demo's builder), sized for 8x8 digits, as a compiled Keras 3 model."""
+    from mnist_demo import slides_cnn
 
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(64, activation="relu"),
-        keras.layers.Dense(10),
-    ])
-    model.compile(
-        optimizer=keras.optimizers.Adam(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
-    return model
+    return slides_cnn((8, 8, 1), learning_rate=0.01)
 
 
 def held_out_accuracy(model, held_out):
