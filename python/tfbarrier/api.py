@@ -1,4 +1,4 @@
-"""The driver side: ``fit``, ``run`` and ``FitResult``."""
+"""The driver side: ``fit``, ``run``, ``apply`` and ``FitResult``."""
 
 import dataclasses
 import time
@@ -54,10 +54,6 @@ class FitResult:
     def plot(self, path=None):
         """Training curves: one panel per metric, its validation twin (val_*) in the same panel.
         Saves a PNG to ``path`` when given; returns the matplotlib Figure (needs matplotlib)."""
-        import matplotlib
-
-        if path is not None:
-            matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
 
         frame = self.history_frame()
