@@ -7,10 +7,14 @@
 #' @param master Spark master URL, e.g. `"local[2]"` or `"spark://host:7077"`.
 #' @param config Named list of further Spark settings.
 #' @param app_name Application name.
+#' @param remote A Spark Connect URL (`"sc://host:15002"`), or `"local[N]"` for a local Connect server
+#'   started by pyspark; `master` is then ignored. A Connect session cannot share an R session with a
+#'   classic one.
 #' @return A `pyspark.sql.SparkSession` (a Python object).
 #' @export
-tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "tfbarrier") {
+tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "tfbarrier", remote = NULL) {
   python <- reticulate::py_config()$python
+  if (!is.null(remote)) master <- remote
   local <- master == "local" || startsWith(master, "local[")
   prefer_python_libdir(python)
   env <- list(PYSPARK_PYTHON = python, PYSPARK_DRIVER_PYTHON = python, LD_LIBRARY_PATH = Sys.getenv("LD_LIBRARY_PATH"))
@@ -20,6 +24,12 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
   environ <- reticulate::import("os", convert = FALSE)$environ
   for (key in names(env)) reticulate::py_set_item(environ, key, env[[key]])
   pyspark <- reticulate::import("pyspark.sql", convert = FALSE)
+  if (!is.null(remote)) {
+    # A Connect server fixes its settings itself; a local one inherits this Python's environment.
+    builder <- pyspark$SparkSession$builder$remote(remote)
+    for (key in names(config)) builder <- builder$config(key, as.character(config[[key]]))
+    return(builder$getOrCreate())
+  }
   builder <- pyspark$SparkSession$builder$master(master)$appName(app_name)
   defaults <- list("spark.ui.showConsoleProgress" = "false", "spark.pyspark.python" = python)
   if (local) defaults[["spark.driver.host"]] <- "127.0.0.1"  # a local job stays on the loopback
@@ -39,8 +49,9 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
 #'   list column of equal-length numeric vectors, becomes an array column, e.g. a flat image per
 #'   row), the path of a Parquet dataset, a `pyspark` DataFrame (returned as is), or a sparklyr
 #'   `tbl_spark`.
-#' @section sparklyr: A `tbl_spark` lives in sparklyr's own JVM, not in the one tfbarrier's pyspark
-#'   drives. It crosses over through Parquet: sparklyr writes it to `getOption("tfbarrier.exchange_dir")`
+#' @section sparklyr: A `tbl_spark` of a Python-backed connection (pysparklyr: Spark Connect,
+#'   Databricks) is a pyspark DataFrame underneath and is used as it is. Any other `tbl_spark` lives in
+#'   sparklyr's own JVM, not in the one tfbarrier's pyspark drives. It crosses over through Parquet: sparklyr writes it to `getOption("tfbarrier.exchange_dir")`
 #'   (default: a new directory under [tempdir()]), which both sides must see (any local path in local
 #'   mode; a shared file system such as HDFS or S3 on a cluster), and pyspark reads it from there.
 #' @return A `pyspark.sql.DataFrame`.
@@ -51,6 +62,10 @@ tf_spark_dataframe <- function(spark, data) {
   }
   if (is.character(data) && length(data) == 1) {
     return(tf_call(spark$read$parquet(data)))
+  }
+  if (inherits(data, "tbl_pyspark")) {
+    # A Python-backed sparklyr connection (pysparklyr) holds a pyspark DataFrame already.
+    return(sparklyr::spark_dataframe(data))
   }
   if (inherits(data, "tbl_spark")) {
     return(tbl_spark_dataframe(spark, data))

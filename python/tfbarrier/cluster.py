@@ -1,26 +1,56 @@
 """What tfbarrier asks of the Spark cluster itself. Each SparkContext-only call sits behind one small
-function here, so that a Spark Connect path can replace it (see DESIGN.md)."""
+function here, with its Spark Connect path next to it (a Connect session has no SparkContext): the
+rest of tfbarrier works the same in both modes."""
 
+import os
+import re
 import time
+import warnings
 
 from .errors import ClusterError
 
 SLOT_WAIT = 15.0  # seconds to wait for executors to register before giving up on free slots
 
 
+def is_connect(spark):
+    """True for a Spark Connect session (``SparkSession.builder.remote(...)``)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
 def _context(spark):
     return spark.sparkContext
+
+
+def master(spark):
+    return spark.conf.get("spark.master", "") if is_connect(spark) else _context(spark).master
 
 
 def is_local_mode(spark):
     """True for ``local``/``local[N]`` masters: one JVM, every slot there from the start ("local-cluster"
     has executors of its own)."""
-    master = _context(spark).master
-    return master == "local" or master.startswith("local[")
+    url = master(spark)
+    return url == "local" or url.startswith("local[")
+
+
+def _estimated_slots(spark):
+    """Connect: the slots the server's settings promise (no SparkContext to ask), or None."""
+    url = master(spark)
+    local = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", url)
+    if local:
+        threads = local.group(1)
+        return 1 if threads is None else (os.cpu_count() if threads == "*" else int(threads))
+    conf = spark.conf
+    instances, cores = conf.get("spark.executor.instances", None), conf.get("spark.executor.cores", None)
+    if instances and cores:
+        return int(instances) * int(cores) // int(float(conf.get("spark.task.cpus", "1")))
+    return None
 
 
 def task_slots(spark):
-    """How many tasks of the default resource profile the cluster runs at once right now."""
+    """How many tasks of the default resource profile the cluster runs at once right now (None when a
+    Connect session cannot tell)."""
+    if is_connect(spark):
+        return _estimated_slots(spark)
     jsc = _context(spark)._jsc.sc()
     return jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
 
@@ -31,7 +61,15 @@ def driver_host(spark):
 
 
 def num_partitions(df):
-    return df.rdd.getNumPartitions()
+    """The DataFrame's partition count; None under Connect (no RDD to ask: callers repartition)."""
+    return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
+
+
+def driver_resources(spark):
+    """The driver's resources (GPUs in local mode), by name."""
+    if is_connect(spark):
+        return spark._client._resources()  # what pyspark's TorchDistributor uses under Connect
+    return _context(spark).resources
 
 
 def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
@@ -43,10 +81,17 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
             "Spark barrier stages cannot run with dynamic allocation (SPARK-24942): start the "
             "session with spark.dynamicAllocation.enabled=false and a fixed number of executors"
         )
-    if is_local_mode(spark):
+    if is_local_mode(spark) or is_connect(spark):
         wait = 0.0
     deadline = time.monotonic() + wait
     slots = task_slots(spark)
+    if slots is None:
+        warnings.warn(
+            f"Spark Connect does not tell how many task slots the cluster has: if it has fewer than "
+            f"num_workers={num_workers}, Spark's own barrier check fails the job after a few minutes",
+            stacklevel=3,
+        )
+        return None
     while slots < num_workers and time.monotonic() < deadline:
         time.sleep(0.5)
         slots = task_slots(spark)
@@ -61,11 +106,26 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
 
 def add_archive(spark, path):
     """Ship an archive to every executor, unpacked there (SparkFiles.get(its file name))."""
+    if is_connect(spark):
+        raise ClusterError(
+            "PythonEnv.from_archive() needs SparkContext.addArchive, which Spark Connect does not have: use "
+            "PythonEnv(requirements=...) (built on the executors), or ship the archive yourself with "
+            "spark.addArtifacts(path, archive=True) and point spark.sql.execution.pyspark.python at it"
+        )
     _context(spark).addArchive(path)
+
+
+class _Inline:
+    """Connect's stand-in for a broadcast: the value travels inside the function that reads it."""
+
+    def __init__(self, value):
+        self.value = value
 
 
 def broadcast(spark, value):
     """A Spark broadcast of ``value``; executors read it with ``.value``."""
+    if is_connect(spark):
+        return _Inline(value)
     return _context(spark).broadcast(value)
 
 
@@ -85,19 +145,29 @@ def check_encryption(spark, allow_unencrypted):
 
 
 def label_jobs(spark, group):
-    """Put the jobs this thread submits from now on into ``group`` (interrupting them on cancel)."""
-    _context(spark).setJobGroup(group, "tfbarrier", interruptOnCancel=True)
+    """Put the jobs this thread submits from now on into ``group`` (interrupting them on cancel);
+    under Connect, tag the operations."""
+    if is_connect(spark):
+        spark.addTag(group)
+    else:
+        _context(spark).setJobGroup(group, "tfbarrier", interruptOnCancel=True)
 
 
 def cancel_jobs(spark, group):
-    """Cancel ``group``'s jobs, interrupting their running tasks (whose training processes die with them)."""
-    _context(spark).cancelJobGroup(group)
+    """Cancel ``group``'s jobs, interrupting their running tasks (whose training processes die with
+    them). Classic Spark: the job group (interruptTag does not stop running barrier tasks there)."""
+    if is_connect(spark):
+        spark.interruptTag(group)
+    else:
+        _context(spark).cancelJobGroup(group)
 
 
 def wait_until_tasks_end(spark, group, timeout):
     """Wait (at most ``timeout`` s) until no task of ``group``'s jobs runs any more: a failed barrier
     stage fails at once on the driver while Spark still kills its other tasks, which take their
-    training processes with them."""
+    training processes with them. Under Connect there is no status tracker: it returns at once."""
+    if is_connect(spark):
+        return True
     tracker = _context(spark).statusTracker()
     deadline = time.monotonic() + timeout
     while _active_tasks(tracker, group):

@@ -31,7 +31,7 @@ def plan(spark, use_gpu, num_workers):
     if not use_gpu:
         return HIDE, 0
     if cluster.is_local_mode(spark):
-        resource = spark.sparkContext.resources.get("gpu")
+        resource = cluster.driver_resources(spark).get("gpu")
         addresses = list(resource.addresses) if resource else []
         # The driver's resource lists every address discovered, not only the amount asked for.
         addresses = addresses[: int(float(spark.conf.get("spark.driver.resource.gpu.amount", "0") or 0))]

@@ -59,7 +59,15 @@ def submit(frame, job, deadline=None):
     if "error" in outcome:
         cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE)
         raise _translate(outcome["error"]) from None
-    return [pickle.loads(row["payload"]) for row in sorted(outcome["rows"], key=lambda r: r["index"])]
+    return _results(outcome["rows"])
+
+
+def _results(rows):
+    """The tasks' results in worker order, each reassembled from its chunks."""
+    payloads = {}
+    for row in sorted(rows, key=lambda r: (r["index"], r["chunk"])):
+        payloads.setdefault(row["index"], []).append(bytes(row["payload"]))
+    return [pickle.loads(b"".join(chunks)) for _, chunks in sorted(payloads.items())]
 
 
 def _summary(error):

@@ -21,8 +21,10 @@ from .errors import InvalidArgumentError, TfBarrierError, WorkerError
 from .process import LOG_FILE, TrainingProcess
 from .worker import JOB_FILE, RESULT_FILE
 
-RESULT_SCHEMA = "index int, payload binary"
-_ARROW_RESULT_SCHEMA = pa.schema([("index", pa.int32()), ("payload", pa.binary())])
+# A task's result travels as rows of at most CHUNK bytes: Spark Connect caps the size of a message.
+RESULT_SCHEMA = "index int, chunk int, payload binary"
+_ARROW_RESULT_SCHEMA = pa.schema([("index", pa.int32()), ("chunk", pa.int32()), ("payload", pa.binary())])
+CHUNK = 16 * 2**20
 STARTUP_TIMEOUT = 300  # seconds for the training process to import TensorFlow and report its port
 EXIT_GRACE = 30  # seconds for a finished training process to exit before it is killed
 
@@ -132,9 +134,11 @@ def barrier_function(job):
             reporter.close()
             shutil.rmtree(workdir, ignore_errors=True)
         payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array([result["index"]], pa.int32()), pa.array([payload], pa.binary())],
-            schema=_ARROW_RESULT_SCHEMA,
-        )
+        for number, start in enumerate(range(0, len(payload), CHUNK)):
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([result["index"]], pa.int32()), pa.array([number], pa.int32()),
+                 pa.array([payload[start:start + CHUNK]], pa.binary())],
+                schema=_ARROW_RESULT_SCHEMA,
+            )
 
     return run_task

@@ -1,0 +1,46 @@
+"""fit, run and predict with a Spark Connect session (SparkSession.builder.remote("local[2]")), which
+has no SparkContext: every SparkContext-only step has a Connect path or a documented error."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def connect_outcome():
+    out = subprocess.run([sys.executable, os.path.join(HERE, "connect_driver.py")], capture_output=True, text=True,
+                         timeout=600, cwd=HERE)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, out.stderr[-4000:]
+    return json.loads(lines[0][7:])
+
+
+def test_the_session_is_a_connect_session(connect_outcome):
+    assert connect_outcome["session"].startswith("pyspark.sql.connect")
+
+
+def test_the_digits_fit_reaches_the_same_bar_with_replicas_in_sync(connect_outcome):
+    fit = connect_outcome["fit"]
+    assert fit["accuracy"] >= 0.90
+    assert len(set(fit["checksums"])) == 1 and all(rows > 0 for rows in fit["rows"])
+    assert fit["epochs"] == 4 and fit["progress_from"] == [0, 1]
+
+
+def test_run_returns_the_chiefs_value(connect_outcome):
+    value = connect_outcome["run"]
+    assert value["index"] == 0 and value["workers"] == 2 and value["replicas"] == 2
+
+
+def test_predict_scores_every_row_like_the_local_model(connect_outcome):
+    assert connect_outcome["predict"] == {"rows": 300, "same_as_local": 1.0}
+
+
+def test_a_sparkcontext_only_option_gives_the_documented_error(connect_outcome):
+    message = connect_outcome["archive"]
+    assert "PythonEnv.from_archive() needs SparkContext.addArchive, which Spark Connect does not have" in message
+    assert "PythonEnv(requirements=...)" in message
