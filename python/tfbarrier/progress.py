@@ -61,6 +61,7 @@ class ProgressServer:
         self._lock = threading.Lock()
         self._bar = None
         self._first = None  # (time, steps) of the chief's first step report: the rate starts there
+        self._postfix = {}  # the bar's last loss and rate, kept across messages that lack one
         self._server = _TCPServer((host, 0), _Handler)
         self._server.owner = self
         self.host, self.port = host, self._server.server_address[1]
@@ -97,7 +98,7 @@ class ProgressServer:
             return
         steps = message.get("steps", 0)
         self._bar.update(max(0, steps - self._bar.n))
-        postfix = {}
+        postfix = self._postfix
         if message.get("loss") is not None:
             postfix["loss"] = f"{message['loss']:.4f}"
         now = message["received_at"]
