@@ -141,6 +141,7 @@ class Reporter:
     def __init__(self, endpoint, worker):
         self.worker = worker
         self._lock = threading.Lock()
+        self._closed = threading.Event()  # stops the log followers
         self._sock = None
         if not endpoint:
             return
@@ -167,8 +168,8 @@ class Reporter:
     def log(self, line):
         self.send("log", line=line)
 
-    def follow(self, path, stop):
-        """Send the lines appended to ``path`` until ``stop`` is set (in a thread of its own)."""
+    def follow(self, path):
+        """Send the lines appended to ``path`` until the reporter is closed (in a thread of its own)."""
 
         def run():
             with open(path, "rb") as f:
@@ -176,7 +177,7 @@ class Reporter:
                     line = f.readline()
                     if line:
                         self.log(line.decode("utf-8", "replace").rstrip())
-                    elif stop.is_set():
+                    elif self._closed.is_set():
                         return
                     else:
                         time.sleep(0.2)
@@ -186,6 +187,8 @@ class Reporter:
         return thread
 
     def close(self):
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        self._closed.set()
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None

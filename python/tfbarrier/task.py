@@ -11,7 +11,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import threading
 import time
 
 import pyarrow as pa
@@ -59,7 +58,6 @@ def _check_shards(peers):
 def _train(job, context, batches, workdir, reporter):
     index = context.partitionId()
     host = rendezvous.task_host(context)
-    started = time.time()
     reporter.event(f"task started on {host} (attempt {job.attempt})")
     timings = {}
     if job.tf_threads is None:  # one intra-op thread per CPU Spark gave this task
@@ -72,10 +70,10 @@ def _train(job, context, batches, workdir, reporter):
         what = "built" if environment_info["built"] else "found"
         reporter.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
     env = _training_env(job, context, index, workdir)
-    stop_following = threading.Event()
+    spawned = time.time()
     with TrainingProcess(workdir, env, python, index, host) as process:
         if job.verbose >= 2:
-            reporter.follow(os.path.join(workdir, LOG_FILE), stop_following)
+            reporter.follow(os.path.join(workdir, LOG_FILE))
         shard = os.path.join(workdir, "shard.arrow")
         if job.kind == "fit":
             rows = shards.write(batches, shard, job.layout)
@@ -83,10 +81,10 @@ def _train(job, context, batches, workdir, reporter):
             rows = shards.write_partition(batches, shard)
         else:
             rows = 0
-        timings["data_shard"] = time.time() - started
+        timings["data_shard"] = time.time() - spawned  # while the training process imports TensorFlow
         reporter.event(f"partition written: {rows} rows")
         port = process.receive("port", timeout=STARTUP_TIMEOUT)["port"]
-        timings["worker_start"] = time.time() - started
+        timings["worker_start"] = time.time() - spawned
         reporter.event(f"training process ready on port {port}")
         gathered = time.time()
         peers = rendezvous.gather(context, {"host": host, "port": port, "rows": rows})
@@ -103,7 +101,6 @@ def _train(job, context, batches, workdir, reporter):
         with open(os.path.join(workdir, RESULT_FILE), "rb") as f:
             result = pickle.load(f)
         process.stop(grace=EXIT_GRACE)
-        stop_following.set()
     result["timings"].update(timings)
     result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps,
                   executor=context.getTaskInfos()[index].address, gpus=env["CUDA_VISIBLE_DEVICES"],
