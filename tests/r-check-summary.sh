@@ -1,5 +1,5 @@
 #!/bin/sh
-# Reads an R CMD check directory: prints the testthat counts as "R tests: N passed, N failed" and
+# Reads an R CMD check directory: prints the testthat counts as "testthat: N passed, N failed" and
 # fails when the check log has an ERROR or a WARNING (R CMD check itself exits 0 on warnings).
 check_dir=${1:?usage: r-check-summary.sh tfbarrier.Rcheck}
 log="$check_dir/00check.log"
@@ -10,7 +10,7 @@ if [ -n "$out" ]; then
   fail=$(echo "$counts" | sed -n 's/.*FAIL \([0-9]*\).*/\1/p')
   skip=$(echo "$counts" | sed -n 's/.*SKIP \([0-9]*\).*/\1/p')
   pass=$(echo "$counts" | sed -n 's/.*PASS \([0-9]*\).*/\1/p')
-  echo "R tests: ${pass:-0} passed, ${fail:-0} failed, ${skip:-0} skipped"
+  echo "testthat: ${pass:-0} passed, ${fail:-0} failed, ${skip:-0} skipped"
 fi
 if grep -E '^\* .*\.\.\. (ERROR|WARNING)' "$log"; then
   echo "R CMD check found the ERROR/WARNING above; see $log"
