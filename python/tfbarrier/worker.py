@@ -5,6 +5,7 @@ either trains the job's model under MultiWorkerMirroredStrategy on its shard (fi
 user's function (run). Its result goes to ``result.pkl``, an error to ``error.json``.
 """
 
+import contextlib
 import json
 import os
 import pickle
@@ -15,9 +16,8 @@ import time
 import traceback
 
 import cloudpickle
-import numpy as np
 
-from . import rendezvous, shards
+from . import rendezvous, shards, validation
 from .errors import ColumnError, PortClashError
 from .model_spec import save_archive, weights_checksum
 from .process import ERROR_FILE, PORT_CLASH_EXIT_CODE, Channel
@@ -48,6 +48,17 @@ def _wait_for(channel, event):
 
 def _is_port_clash(exc):
     return any(sign in str(exc) for sign in _PORT_CLASH_SIGNS)
+
+
+@contextlib.contextmanager
+def _port_clash_is_retryable():
+    """Where TensorFlow binds its port: a taken port becomes a PortClashError, which the driver retries."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_port_clash(exc):
+            raise PortClashError(str(exc)) from exc
+        raise
 
 
 def _import_tensorflow(threads):
@@ -138,12 +149,8 @@ def _fit(tf, job, config, channel, timings):
     index = config["tf_config"]["task"]["index"]
     x, y = shards.read(config["shard"])
     started = time.time()
-    try:
+    with _port_clash_is_retryable():
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    except Exception as exc:
-        if _is_port_clash(exc):
-            raise PortClashError(str(exc)) from exc
-        raise
     if job.seed is not None:
         import tf_keras
 
@@ -151,12 +158,7 @@ def _fit(tf, job, config, channel, timings):
     with strategy.scope():
         model = job.model.build()
     input_shape = tuple(model.input_shape[1:])
-    width = int(np.prod(input_shape))
-    if x.shape[1] != width:
-        raise ColumnError(
-            f"each row has {x.shape[1]} feature values but the model's input shape {input_shape} "
-            f"needs {width}: choose the matching feature columns or change the model's input"
-        )
+    validation.check_input_width(x.shape[1], input_shape)  # a model function's shape is known only here
     seed = None if job.seed is None else job.seed + index
     dataset = strategy.distribute_datasets_from_function(
         shards.dataset_fn(x, y, input_shape, job.batch_size, seed, job.shuffle)
@@ -191,12 +193,8 @@ def _fit(tf, job, config, channel, timings):
 def _run(job, config):
     fn, args, kwargs = cloudpickle.loads(job.function)
     started = time.time()
-    try:
+    with _port_clash_is_retryable():  # the user's function builds the strategy
         value = fn(*args, **kwargs)
-    except Exception as exc:
-        if _is_port_clash(exc):
-            raise PortClashError(str(exc)) from exc
-        raise
     result = {"training": time.time() - started}
     if config["tf_config"]["task"]["index"] == 0:
         result["value"] = cloudpickle.dumps(value)
