@@ -15,13 +15,23 @@ def interleaved(contenders, rounds):
     """Run each contender once per round, in turn (the machine is noisy: neighbours see the same
     noise); ``contenders`` maps a name to a function returning the amount of work done (rows,
     samples). Returns name -> list of work/second, one per round."""
-    rates = {name: [] for name in contenders}
-    for _ in range(rounds):
+    def rate(run):
+        started = time.perf_counter()
+        work = run()
+        return work / (time.perf_counter() - started)
+
+    return rounds_of({name: (lambda run=run: rate(run)) for name, run in contenders.items()}, rounds)
+
+
+def rounds_of(contenders, rounds, log=None):
+    """Call each contender once per round, in turn; name -> list of what each call returned."""
+    results = {name: [] for name in contenders}
+    for number in range(rounds):
         for name, run in contenders.items():
-            started = time.perf_counter()
-            work = run()
-            rates[name].append(work / (time.perf_counter() - started))
-    return rates
+            results[name].append(run())
+            if log:
+                log(f"round {number + 1}/{rounds} {name}: {results[name][-1]}")
+    return results
 
 
 def stats(values):
@@ -51,6 +61,20 @@ def write_section(name, body):
         text = text.rstrip() + "\n\n" + section + "\n"
     with open(README, "w") as f:
         f.write(text)
+
+
+def metric_table(results, metric, unit, baseline, digits=1):
+    """Like ``table`` for one ``metric`` of contenders whose rounds returned dicts; adds the
+    difference of medians to ``baseline`` (for times: the seconds a contender adds)."""
+    values = {name: [r[metric] for r in rounds] for name, rounds in results.items()}
+    base = statistics.median(values[baseline])
+    lines = [f"| contender | min {unit} | median {unit} | max {unit} | median / {baseline} | median - {baseline} |",
+             "|---|---|---|---|---|---|"]
+    for name, series in values.items():
+        low, mid, high = stats(series)
+        lines.append(f"| {name} | {low:,.{digits}f} | {mid:,.{digits}f} | {high:,.{digits}f} | {mid / base:.2f} "
+                     f"| {mid - base:+,.{digits}f} |")
+    return "\n".join(lines)
 
 
 def table(rates, unit, baseline):

@@ -12,7 +12,7 @@ from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
 _WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
-                  "python_prefix", "checksum", "shard_checksum", "finished_at", "timings")
+                  "python_prefix", "warm_start", "checksum", "shard_checksum", "finished_at", "timings")
 STALL_TIMEOUT = 300.0
 
 
@@ -29,7 +29,8 @@ class FitResult:
               steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
               environment (path, built, seconds; None for the executor's own Python), python_prefix
-              (sys.prefix of its training process), finished_at (its clock when training ended), timings
+              (sys.prefix of its training process), warm_start (True when it trained in the spare
+              process its Spark Python worker kept, TensorFlow already imported), finished_at (its clock when training ended), timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,
@@ -197,7 +198,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), tf_threads=tf_threads,
         callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
-        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, started_at=started,
+        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
+        started_at=started,
     )
     server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, global_batch=batch_size)
     job.progress, job.verbose = server.endpoint, verbose
@@ -239,7 +241,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     job = JobSpec(kind="run", num_workers=num_workers, function=function, tf_threads=tf_threads, gpus=gpu_plan,
-                  env=env, started_at=time.time())
+                  env=env, warm_start=cluster.warm_start(spark), started_at=time.time())
     frame = spark.range(0, num_workers, numPartitions=num_workers)
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     return cloudpickle.loads(results[0]["value"])
@@ -272,6 +274,7 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     job = JobSpec(kind="apply", num_workers=num_workers, function=pickle_user_code(fn, fn), gpus=gpu_plan,
                   input_schema=to_arrow_schema(data.schema), output_schema=output_schema, env=env,
+                  warm_start=cluster.warm_start(spark),
                   started_at=time.time())
     results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
     tables = [pa.ipc.open_stream(r["table"]).read_all() for r in results]

@@ -10,6 +10,7 @@ import warnings
 from .errors import ClusterError
 
 SLOT_WAIT = 15.0  # seconds to wait for executors to register before giving up on free slots
+WARM_START_CONF = "spark.tfbarrier.warmStart"
 
 
 def is_connect(spark):
@@ -53,6 +54,11 @@ def task_slots(spark):
         return _estimated_slots(spark)
     jsc = _context(spark)._jsc.sc()
     return jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
+
+
+def warm_start(spark):
+    """spark.tfbarrier.warmStart (default true): whether tasks keep a spare training process (spares.py)."""
+    return str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() != "false"
 
 
 def driver_host(spark):

@@ -41,6 +41,7 @@ class JobSpec:
     gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     env: object = None  # environment.PythonEnv of the training process; None: the executor's own Python
+    warm_start: bool = True  # take a Python worker's spare training process, leave one after success
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
     progress: dict = None  # the driver's progress server: host, port, token (None: no live progress)

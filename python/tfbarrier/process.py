@@ -1,9 +1,10 @@
-"""The training process of one task: started by the task, talked to over a socket pair, and never
-left alive after its task ends (killed on failure, on cancel, and when its parent dies).
+"""The training process of one task: started by the task (or, as a spare, by the task before it in
+the same Spark Python worker), talked to over a socket pair, and never left alive after its task
+ends (killed on failure, on cancel, and when its parent dies).
 
-Task and training process exchange JSON lines over a ``socket.socketpair()``; the training process
-writes its output to ``worker.log`` and, when it fails, its exception to ``error.json``, both in the
-task's work directory.
+Task and training process exchange JSON lines over a ``socket.socketpair()``; once adopted, the
+training process writes its output to ``worker.log`` and, when it fails, its exception to
+``error.json``, both in the task's work directory.
 """
 
 import ctypes
@@ -11,10 +12,12 @@ import ctypes.util
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from .errors import PortClashError, WorkerError, WorkerStalledError
@@ -53,13 +56,24 @@ class Channel:
         self._sock.close()
 
 
-def _die_with_parent():  # runs in the child between fork and exec
+def _prctl(option, value):
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(option, value)
+
+
+def _die_with_parent():  # runs in the child between fork and exec
+    _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def name_process(name):
+    """Set the process's name (``ps -o comm``, /proc/PID/comm; at most 15 bytes)."""
+    _prctl(15, ctypes.c_char_p(name.encode()[:15]))  # PR_SET_NAME
 
 
 def log_tail(workdir, lines=LOG_TAIL_LINES):
+    if workdir is None:
+        return ""
     try:
         with open(os.path.join(workdir, LOG_FILE), "rb") as f:
             text = f.read().decode("utf-8", "replace")
@@ -69,23 +83,44 @@ def log_tail(workdir, lines=LOG_TAIL_LINES):
 
 
 class TrainingProcess:
-    """``python -m tfbarrier.worker WORKDIR FD`` started in ``env``; use it as a context manager so
-    that it is stopped whatever happens in the task."""
+    """``python -m tfbarrier.worker FD`` started in ``env``. It imports TensorFlow at once, then waits
+    for the job ``adopt`` sends it, so it can be started ahead of its task (a spare, see spares.py).
+    Use it as a context manager so that it is stopped whatever happens in the task."""
 
-    def __init__(self, workdir, env, python=None, worker_index=None, host=None):
-        self.workdir = workdir
-        self.worker_index = worker_index
-        self.host = host
+    def __init__(self, env, python=None):
+        self.workdir = None  # the task's work directory, from adopt() on
+        self.worker_index = self.host = None
+        # The process imports tfbarrier from wherever this task imported it, and nothing else from
+        # there: a directory holding only a link to the package goes first on its path. Its output
+        # goes to that directory's log until a task adopts it.
+        self.home = tempfile.mkdtemp(prefix="tfbarrier-process-")
+        os.symlink(os.path.dirname(os.path.abspath(__file__)), os.path.join(self.home, "tfbarrier"))
+        env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (self.home, env.get("PYTHONPATH")) if p))
         ours, theirs = socket.socketpair()
-        with open(os.path.join(workdir, LOG_FILE), "wb") as log:
+        with open(os.path.join(self.home, LOG_FILE), "wb") as log:
             self._proc = subprocess.Popen(
-                [python or sys.executable, "-m", "tfbarrier.worker", workdir, str(theirs.fileno())],
+                [python or sys.executable, "-m", "tfbarrier.worker", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
             )
         theirs.close()
         self.pid = self._proc.pid
         self.channel = Channel(ours)
+
+    def log_tail(self):
+        """The end of the process's output: in the task's work directory once it moved there."""
+        return log_tail(self.workdir) or log_tail(self.home)
+
+    def alive(self):
+        return self._proc.poll() is None
+
+    def adopt(self, workdir, env, worker_index, host):
+        """Hand the process its task: the work directory holding the job (its output moves to the
+        log there) and the task's own environment variables (GPUs, attempt)."""
+        self.workdir, self.worker_index, self.host = workdir, worker_index, host
+        open(os.path.join(workdir, LOG_FILE), "ab").close()
+        self.channel.send(event="job", workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),
+                          sent_at=time.time())
 
     def __enter__(self):
         return self
@@ -120,13 +155,13 @@ class TrainingProcess:
             if deadline is not None and now > deadline:
                 raise WorkerError(
                     f"worker {self.worker_index} on {self.host} sent no {event!r} within {timeout:.0f} s",
-                    worker=self.worker_index, host=self.host, log=log_tail(self.workdir),
+                    worker=self.worker_index, host=self.host, log=self.log_tail(),
                 )
             if stall_timeout is not None and now - last_message > stall_timeout:
                 raise WorkerStalledError(
                     f"worker {self.worker_index} on {self.host} made no progress for {stall_timeout:.0f} s "
                     "(a stuck collective or a deadlock; if its steps are really this slow, raise stall_timeout)",
-                    worker=self.worker_index, host=self.host, log=log_tail(self.workdir),
+                    worker=self.worker_index, host=self.host, log=self.log_tail(),
                 )
 
     def failure(self):
@@ -135,7 +170,7 @@ class TrainingProcess:
         code = self._proc.wait()
         info = {}
         try:
-            with open(os.path.join(self.workdir, ERROR_FILE)) as f:
+            with open(os.path.join(self.workdir or self.home, ERROR_FILE)) as f:
                 info = json.load(f)
         except (OSError, ValueError):
             pass
@@ -146,7 +181,7 @@ class TrainingProcess:
             what = f"killed by signal {signal.Signals(-code).name}"
         else:
             what = f"exited with status {code}"
-        fields = dict(worker=self.worker_index, host=self.host, exc_type=info.get("type"), log=log_tail(self.workdir))
+        fields = dict(worker=self.worker_index, host=self.host, exc_type=info.get("type"), log=self.log_tail())
         if cls is WorkerError:
             fields["retryable"] = code < 0
         return cls(f"worker {self.worker_index} on {self.host} failed: {what}", **fields)
@@ -164,3 +199,4 @@ class TrainingProcess:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)

@@ -1,9 +1,11 @@
 """What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
 
-One task: start the training process (it imports TensorFlow while the task writes its shard), stream
+One task: take this Python worker's spare training process, which has imported TensorFlow already,
+or start one (it imports TensorFlow while the task writes its shard), stream
 the partition to the shard file, gather every peer's host, port and shard size through the barrier,
 hand TF_CONFIG and the agreed steps per epoch to the training process, wait for its result and yield
-it to the driver. The work directory and the process are gone when the task ends, however it ends.
+it to the driver. The work directory and the process are gone when the task ends, however it ends;
+a task that succeeded leaves a spare for the next one (spares.py).
 """
 
 import dataclasses
@@ -15,7 +17,7 @@ import time
 
 import pyarrow as pa
 
-from . import environment, errors, gpus, job as job_module, progress, rendezvous, shards
+from . import environment, errors, gpus, job as job_module, progress, rendezvous, shards, spares
 from .errors import InvalidArgumentError, TfBarrierError, WorkerError
 from .process import LOG_FILE, TrainingProcess
 from .worker import JOB_FILE, RESULT_FILE
@@ -28,22 +30,28 @@ STARTUP_TIMEOUT = 300  # seconds for the training process to import TensorFlow a
 EXIT_GRACE = 30  # seconds for a finished training process to exit before it is killed
 
 
-def _training_env(job, context, index, workdir):
+def _training_env():
+    """The training process's environment, the same for every task of this Python worker (so that a
+    spare can serve any of them); what differs per task goes in ``_task_env``."""
     env = dict(os.environ)
-    env.pop("TF_CONFIG", None)
-    env["CUDA_VISIBLE_DEVICES"] = gpus.visible_devices(job.gpus, context, index, os.environ)
+    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", job_module.ATTEMPT_ENV):
+        env.pop(name, None)
     for key, value in job_module.TRAINING_ENV_DEFAULTS.items():
         env.setdefault(key, value)
     env.update(job_module.TRAINING_ENV)
-    env[job_module.ATTEMPT_ENV] = str(job.attempt)
     env["PYTHONUNBUFFERED"] = "1"
-    # The training process imports tfbarrier from wherever this task imported it, and nothing else
-    # from there: a directory holding only a link to the package goes first on its path.
-    shim = os.path.join(workdir, "pythonpath")
-    os.makedirs(shim, exist_ok=True)
-    os.symlink(os.path.dirname(os.path.abspath(__file__)), os.path.join(shim, "tfbarrier"))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (shim, env.get("PYTHONPATH")) if p)
     return env
+
+
+def _task_env(job, context, index):
+    return {"CUDA_VISIBLE_DEVICES": gpus.visible_devices(job.gpus, context, index, os.environ),
+            job_module.ATTEMPT_ENV: str(job.attempt)}
+
+
+def _training_process(job, python, env):
+    """This worker's spare when it matches (TensorFlow already imported), else a fresh process."""
+    spare = spares.take(spares.key(python, env)) if job.warm_start else None
+    return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
 
 def _check_shards(peers):
@@ -69,9 +77,11 @@ def _train(job, context, batches, workdir, reporter):
         timings["environment"] = environment_info["seconds"]
         what = "built" if environment_info["built"] else "found"
         reporter.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
-    env = _training_env(job, context, index, workdir)
+    env, task_env = _training_env(), _task_env(job, context, index)
     spawned = time.time()
-    with TrainingProcess(workdir, env, python, index, host) as process:
+    process, warm = _training_process(job, python, env)
+    with process:
+        process.adopt(workdir, task_env, index, host)
         if job.verbose >= 2:
             reporter.follow(os.path.join(workdir, LOG_FILE))
         shard = os.path.join(workdir, "shard.arrow")
@@ -101,10 +111,12 @@ def _train(job, context, batches, workdir, reporter):
         with open(os.path.join(workdir, RESULT_FILE), "rb") as f:
             result = pickle.load(f)
         process.stop(grace=EXIT_GRACE)
+    if job.warm_start:
+        spares.leave(python, env)
     result["timings"].update(timings)
     result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps,
-                  executor=context.getTaskInfos()[index].address, gpus=env["CUDA_VISIBLE_DEVICES"],
-                  environment=environment_info)
+                  executor=context.getTaskInfos()[index].address, gpus=task_env["CUDA_VISIBLE_DEVICES"],
+                  environment=environment_info, warm_start=warm)
     return result
 
 

@@ -1,8 +1,9 @@
-"""The training process: ``python -m tfbarrier.worker WORKDIR FD``, started by a barrier task.
+"""The training process: ``python -m tfbarrier.worker FD``, started by a barrier task.
 
-It imports TensorFlow, reserves a port and reports it, waits for TF_CONFIG from its task, then
-either trains the job's model under MultiWorkerMirroredStrategy on its shard (fit) or calls the
-user's function (run). Its result goes to ``result.pkl``, an error to ``error.json``.
+It imports TensorFlow, then waits for its job (at once, or later as a spare: see spares.py),
+reserves a port and reports it, waits for TF_CONFIG from its task, then either trains the job's
+model under MultiWorkerMirroredStrategy on its shard (fit) or calls the user's function (run,
+apply). Its result goes to ``result.pkl``, an error to ``error.json``, in the task's work directory.
 """
 
 import contextlib
@@ -20,7 +21,7 @@ import cloudpickle
 from . import rendezvous, shards, validation
 from .errors import ColumnError, PortClashError
 from .model_spec import save_archive, weights_checksum
-from .process import ERROR_FILE, PORT_CLASH_EXIT_CODE, Channel
+from .process import ERROR_FILE, LOG_FILE, PORT_CLASH_EXIT_CODE, Channel, name_process
 
 JOB_FILE = "job.pkl"
 RESULT_FILE = "result.pkl"
@@ -61,13 +62,21 @@ def _port_clash_is_retryable():
         raise
 
 
-def _import_tensorflow(threads):
-    import tensorflow as tf
+def _import_tensorflow():
+    """(tf, None), or (None, the exception) for the job to raise if it needs TensorFlow (fit does;
+    run and apply do without it when the environment has none)."""
+    try:
+        import tensorflow as tf
+    except Exception as exc:  # noqa: B902 - raised later, in the job's work directory
+        return None, exc
+    return tf, None
 
-    if threads:
+
+def _set_threads(tf, threads):
+    """Thread pools are fixed when TensorFlow's context starts, which importing it does not do."""
+    if tf is not None and threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-    return tf
 
 
 def _callbacks(channel, job, is_chief):
@@ -228,11 +237,10 @@ def _apply(job, config):
     return {"training": time.time() - started, "table": sink.getvalue().to_pybytes()}
 
 
-def serve(job, channel):
-    timings = {}
-    started = time.time()
-    tf = _import_tensorflow(job.tf_threads) if job.kind == "fit" else _try_import_tensorflow(job.tf_threads)
-    timings["tensorflow_import"] = time.time() - started
+def serve(job, channel, tf, import_error, timings):
+    if tf is None and (job.kind == "fit" or not isinstance(import_error, ImportError)):
+        raise import_error
+    _set_threads(tf, job.tf_threads)
     port = rendezvous.reserve_port()
     channel.send(event="port", port=port.getsockname()[1])
     config = _wait_for(channel, "config")
@@ -249,12 +257,16 @@ def serve(job, channel):
     return result
 
 
-def _try_import_tensorflow(threads):
-    """run(): import TensorFlow before the port is chosen (it is slow), if the env has it."""
-    try:
-        return _import_tensorflow(threads)
-    except ImportError:
-        return None
+def _move_output(previous_log, workdir):
+    """From now on the output goes to the task's log, after what the process wrote before."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    log = os.open(os.path.join(workdir, LOG_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with open(previous_log, "rb") as f:
+        os.write(log, f.read())
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
 
 
 def _write_error(workdir, exc):
@@ -264,13 +276,22 @@ def _write_error(workdir, exc):
 
 
 def main(argv):
-    workdir, fd = argv[1], int(argv[2])
     _exit_with_parent()
-    channel = Channel(socket.socket(fileno=fd))
+    name_process("tfb-spare")  # until a task adopts it: what `ps -o comm` shows
+    channel = Channel(socket.socket(fileno=int(argv[1])))
+    tf, import_error = _import_tensorflow()
+    imported = time.time()
+    message = _wait_for(channel, "job")
+    name_process("tfb-worker")
+    workdir = message["workdir"]
+    _move_output(message["previous_log"], workdir)
+    os.environ.update(message["env"])
+    # Zero for a spare, which imported TensorFlow before its task needed it.
+    timings = {"tensorflow_import": max(0.0, imported - message["sent_at"])}
     try:
         with open(os.path.join(workdir, JOB_FILE), "rb") as f:
             job = pickle.load(f)
-        result = serve(job, channel)
+        result = serve(job, channel, tf, import_error, timings)
         with open(os.path.join(workdir, RESULT_FILE), "wb") as f:
             pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
         channel.send(event="done")

@@ -20,8 +20,17 @@ SESSION_TAG = uuid.uuid4().hex
 os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 
 
-def training_processes():
-    """PIDs of this test session's live training processes."""
+def _is_spare(pid):
+    """A spare has not been adopted: its output still goes to its own directory, not a task's."""
+    try:
+        return "/tfbarrier-process-" in os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return False
+
+
+def training_processes(spares=False, tag=None):
+    """PIDs of this test session's (or the session ``tag``'s) live training processes; idle spares
+    (spares.py) only if asked."""
     import psutil
 
     found = []
@@ -29,7 +38,8 @@ def training_processes():
         try:
             if ("tfbarrier.worker" in " ".join(proc.info["cmdline"] or [])
                     and proc.status() != psutil.STATUS_ZOMBIE
-                    and proc.environ().get("TFBARRIER_TEST_SESSION") == SESSION_TAG):
+                    and (spares or not _is_spare(proc.pid))
+                    and proc.environ().get("TFBARRIER_TEST_SESSION") == (tag or SESSION_TAG)):
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

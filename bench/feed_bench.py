@@ -1,0 +1,144 @@
+"""Data feed: rows/s and MB/s from a Spark DataFrame partition to batches of a tf.data pipeline, by
+tfbarrier's path (the task streams the partition's Arrow batches into a shard file, the training
+process memory-maps it) against toPandas() + from_tensor_slices on the driver, and against the same
+rows already in memory as a NumPy array (the limit). One partition, one process each; the same
+pipeline (tfbarrier.shards.dataset_fn, batch 64, no shuffle) drained in graph mode, as Keras
+drains it. The DataFrame is read from a Parquet file (rows x 784 float32 + a label).
+
+    .venv/bin/python bench/feed_bench.py [--rows 100000 1000000] [--rounds 3]
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+import harness  # noqa: E402
+
+WIDTH, BATCH = 784, 64
+ROW_BYTES = WIDTH * 4
+
+
+def write_parquet(path, rows, chunk=100_000, seed=0):
+    """rows x 784 random float32 (a list column, as Spark writes arrays) and an int label, in chunks."""
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("pixels", pa.list_(pa.float32())), ("label", pa.int64())])
+    with pq.ParquetWriter(path, schema, compression="none") as writer:
+        for start in range(0, rows, chunk):
+            n = min(chunk, rows - start)
+            values = pa.array(rng.random(n * WIDTH, dtype=np.float32))
+            offsets = pa.array(np.arange(0, (n + 1) * WIDTH, WIDTH, dtype=np.int32))
+            pixels = pa.ListArray.from_arrays(offsets, values)
+            writer.write_table(pa.table({"pixels": pixels, "label": pa.array(rng.integers(0, 10, n))}, schema=schema))
+
+
+def drain(x, y):
+    """Every full batch of tfbarrier's pipeline over (x, y), consumed in graph mode; returns batches."""
+    import tensorflow as tf
+
+    from tfbarrier import shards
+
+    batches = len(x) // BATCH
+    ds = shards.dataset_fn(x, y, (WIDTH,), BATCH, seed=0, shuffle=False)(tf.distribute.InputContext())
+    return int(ds.take(batches).reduce(np.int64(0), lambda count, _: count + 1))
+
+
+def shard_path(df, layout):
+    """tfbarrier's feed, in one Spark task: partition -> Arrow shard file -> mmap -> tf.data."""
+
+    def feed(batches):
+        from tfbarrier import shards
+
+        workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-shard-")
+        try:
+            path = os.path.join(workdir, "shard.arrow")
+            rows = shards.write(batches, path, layout)
+            drained = drain(*shards.read(path))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        yield pa.RecordBatch.from_pydict({"rows": [rows], "batches": [drained]})
+
+    def run():
+        result = df.mapInArrow(feed, "rows long, batches long").collect()[0]
+        return result["rows"]
+    return run
+
+
+def to_pandas_path(df):
+    def run():
+        frame = df.toPandas()
+        x = np.stack(frame["pixels"].to_numpy()).astype(np.float32, copy=False)
+        drain(x, frame["label"].to_numpy())
+        return len(frame)
+    return run
+
+
+def in_memory(x, y):
+    def run():
+        drain(x, y)
+        return len(x)
+    return run
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    from tfbarrier import validation
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "6g")
+             .config("spark.driver.maxResultSize", "0")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    sections = []
+    for rows in args.rows:
+        workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-feed-")
+        path = os.path.join(workdir, "data.parquet")
+        write_parquet(path, rows)
+        df = spark.read.parquet(path).coalesce(1)
+        table = pq.read_table(path)
+        x = np.asarray(table.column("pixels").combine_chunks().flatten(), dtype=np.float32).reshape(-1, WIDTH)
+        y = table.column("label").to_numpy()
+        del table
+        layout = validation.layout(df.schema, "pixels", "label")
+        contenders = {
+            "tfbarrier shard (Spark partition -> Arrow file -> mmap)": shard_path(df, layout),
+            "toPandas() + from_tensor_slices": to_pandas_path(df),
+            "NumPy array in memory (limit)": in_memory(x, y),
+        }
+        for run in contenders.values():  # warm-up: Python worker, TensorFlow import, page cache
+            run()
+        rates = harness.interleaved(contenders, args.rounds)
+        mb = {name: [r * ROW_BYTES / 1e6 for r in series] for name, series in rates.items()}
+        sections.append(f"{rows:,} rows x {WIDTH} float32 ({rows * ROW_BYTES / 1e9:.2f} GB):\n\n"
+                        + harness.table(rates, "rows/s", "NumPy array in memory (limit)")
+                        + "\n\n" + harness.table(mb, "MB/s", "NumPy array in memory (limit)"))
+        del x, y
+        shutil.rmtree(workdir, ignore_errors=True)
+    body = ("## Data feed\n\n"
+            f"`.venv/bin/python bench/feed_bench.py --rows {' '.join(map(str, args.rows))} --rounds {args.rounds}`: "
+            "one partition of a Parquet-backed DataFrame to drained batches of 64 (tfbarrier's tf.data "
+            "pipeline, graph mode), end to end from the driver's call; one warm-up run of each first.\n\n"
+            + "\n\n".join(sections))
+    harness.write_section("feed", body)
+    print(body)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""A warm tfbarrier.fit with 2 workers against the limit and the peers, the same training for each
+(model, data, per-worker batch 64, steps, epochs; bench/workloads.py), interleaved round by round:
+
+  single process     the limit: one plain TensorFlow process, no Spark, global batch 128
+  2 processes        the floor for 2 workers: two MultiWorkerMirroredStrategy processes started by
+                     hand with TF_CONFIG, no Spark
+  spark-tf-distrib.  spark-tensorflow-distributor's MirroredStrategyRunner(num_slots=2, use_gpu=False)
+  barrier by hand    a barrier stage that sets TF_CONFIG itself from the task addresses and fixed ports
+                     and starts the same worker program as "2 processes" (what the slides do in R)
+  tfbarrier.fit      from a cached 2-partition Spark DataFrame of the same rows
+
+Time to first step and total are from the call (or the processes' launch) to worker 0's first
+finished step and to the return; throughput counts the samples of epochs 2.. over their time.
+The peers read the rows from .npy files; tfbarrier reads them from the DataFrame.
+
+    PYTHONPATH=build/bench-site .venv/bin/python bench/fit_bench.py [--model cnn|large] [--rounds 3]
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+WORKLOADS = os.path.join(BENCH, "workloads.py")
+# Spark's Python workers and tfbarrier's training processes import bench/workloads.py by name.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH, os.environ.get("PYTHONPATH")) if p)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import harness  # noqa: E402
+import workloads  # noqa: E402
+
+HANDWRITTEN_BASE_PORT = 12345  # the slides' fixed ports: 12345 + the task's partition id
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tf_config(workers, index):
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+
+
+def workload_args(kind, job, batch, clock):
+    return [sys.executable, WORKLOADS, kind, "--data", job.data, "--model", job.model, "--batch", str(batch),
+            "--steps", str(job.steps), "--epochs", str(job.epochs), "--clock", clock]
+
+
+def wait_all(processes):
+    codes = [p.wait() for p in processes]
+    if any(codes):
+        raise RuntimeError(f"a training process failed: exit codes {codes}")
+
+
+class Job:
+    """One contender's run: the shared settings, and the clock file worker 0 writes."""
+
+    def __init__(self, args, data, workers=2):
+        self.model, self.steps, self.epochs, self.data = args.model, args.steps, args.epochs, data
+        self.workers, self.batch = workers, args.batch
+        self.global_batch = args.batch * workers
+
+    def measure(self, run):
+        clock = tempfile.mktemp(prefix="tfbarrier-bench-clock-", suffix=".json")
+        started = time.time()
+        run(clock)
+        total = time.time() - started
+        with open(clock) as f:
+            marks = json.load(f)
+        os.remove(clock)
+        ends = marks["epoch_ends"]
+        samples = (len(ends) - 1) * self.steps * self.global_batch
+        return {"first_step": marks["first_step_end"] - started, "total": total,
+                "throughput": samples / (ends[-1] - ends[0])}
+
+
+def single_process(job):
+    def run(clock):
+        wait_all([subprocess.Popen(workload_args("single", job, job.global_batch, clock))])
+    return run
+
+
+def hand_started_processes(job):
+    def run(clock):
+        workers = [f"127.0.0.1:{free_port()}" for _ in range(job.workers)]
+        wait_all([subprocess.Popen(workload_args("worker", job, job.batch, clock),
+                                   env=dict(os.environ, TF_CONFIG=tf_config(workers, i)))
+                  for i in range(job.workers)])
+    return run
+
+
+def distributor(job):
+    from spark_tensorflow_distributor import MirroredStrategyRunner
+
+    def train(clock):
+        import tensorflow as tf
+
+        workloads.train_worker(job.data, job.model, job.batch, job.steps, job.epochs, clock,
+                               strategy=tf.distribute.get_strategy())
+
+    def run(clock):
+        MirroredStrategyRunner(num_slots=job.workers, use_gpu=False).run(train, clock=clock)
+    return run
+
+
+def barrier_by_hand(spark, job):
+    def run(clock):
+        command = workload_args("worker", job, job.batch, clock)
+
+        def task(_):
+            from pyspark import BarrierTaskContext
+
+            context = BarrierTaskContext.get()
+            hosts = [info.address.split(":")[0] for info in context.getTaskInfos()]
+            workers = [f"{host}:{HANDWRITTEN_BASE_PORT + i}" for i, host in enumerate(hosts)]
+            env = dict(os.environ, TF_CONFIG=tf_config(workers, context.partitionId()))
+            subprocess.run(command, env=env, check=True)
+            yield context.partitionId()
+
+        spark.sparkContext.parallelize(range(job.workers), job.workers).barrier().mapPartitions(task).collect()
+    return run
+
+
+def tfbarrier_fit(df, job, tf_threads=None, label="tfbarrier.fit", timings=None):
+    import keras
+
+    import tfbarrier
+
+    def run(clock):
+        result = tfbarrier.fit(df, workloads.build_model(keras, job.model), features="pixels", label="label",
+                               epochs=job.epochs, batch_size=job.global_batch, num_workers=job.workers,
+                               steps_per_epoch=job.steps, tf_threads=tf_threads, verbose=0,
+                               callbacks=lambda: [workloads.step_clock(clock)])
+        if timings is not None:
+            timings.append(result.timings)
+    return run
+
+
+def spark_session(master):
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def dataframe(spark, x, y, partitions):
+    import pandas as pd
+
+    df = spark.createDataFrame(pd.DataFrame({"pixels": list(x), "label": y})).repartition(partitions).cache()
+    df.count()
+    return df
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=workloads.MODELS, default="cnn")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=64, help="per-worker batch")
+    parser.add_argument("--steps", type=int, default=None, help="steps per epoch (default: cnn 100, large 20)")
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    args.steps = args.steps or {"cnn": 100, "large": 20}[args.model]
+
+    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+    job = Job(args, data)
+    x, y = workloads.make_data(data, job.steps * job.global_batch)
+    spark = spark_session("local[2]")
+    df = dataframe(spark, x, y, job.workers)
+    fit_timings = []
+    contenders = {
+        "single process (limit)": single_process(job),
+        "2 processes, no Spark (floor)": hand_started_processes(job),
+        "spark-tensorflow-distributor": distributor(job),
+        "barrier job by hand": barrier_by_hand(spark, job),
+        "tfbarrier.fit": tfbarrier_fit(df, job, timings=fit_timings),
+    }
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    for name, run in contenders.items():  # warm-up: Spark's Python workers, imports, page cache
+        log(f"warm-up {name}: {job.measure(run)}")
+    fit_timings.clear()
+    results = harness.rounds_of({name: (lambda run=run: job.measure(run)) for name, run in contenders.items()},
+                                args.rounds, log)
+    floor = "2 processes, no Spark (floor)"
+    body = (f"## Fit, {args.model} model: time to first step, total, throughput\n\n"
+            f"`PYTHONPATH=build/bench-site .venv/bin/python bench/fit_bench.py --model {args.model} "
+            f"--rounds {args.rounds}`: {job.workers} workers, per-worker batch {job.batch} (global {job.global_batch}), "
+            f"{job.steps} steps x {job.epochs} epochs on {len(x):,} random 28x28 images; Spark `local[2]` "
+            "already up; one warm-up run of each contender first.\n\n"
+            "Time to first step (s, from the call to worker 0's first finished step):\n\n"
+            + harness.metric_table(results, "first_step", "s", floor)
+            + "\n\nTotal (s, from the call to its return):\n\n"
+            + harness.metric_table(results, "total", "s", floor)
+            + "\n\nSteady throughput (samples/s over epochs 2..):\n\n"
+            + harness.metric_table(results, "throughput", "samples/s", floor, digits=0)
+            + "\n\ntfbarrier.fit's own timings (median s): "
+            + ", ".join(f"{key} {harness.stats([t[key] for t in fit_timings])[1]:.2f}"
+                        for key in fit_timings[0] if all(key in t for t in fit_timings)))
+    harness.write_section(f"fit-{args.model}", body)
+    print(body)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
