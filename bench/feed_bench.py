@@ -3,7 +3,8 @@ tfbarrier's path (the task streams the partition's Arrow batches into a shard fi
 process memory-maps it) against toPandas() + from_tensor_slices on the driver, and against the same
 rows already in memory as a NumPy array (the limit). One partition, one process each; the same
 pipeline (tfbarrier.shards.dataset_fn, batch 64, no shuffle) drained in graph mode, as Keras
-drains it. The DataFrame is read from a Parquet file (rows x 784 float32 + a label).
+drains it. The DataFrame is read from a Parquet file (rows x 784 float32 + a label). A fourth line
+times Spark's part alone (the partition's Arrow batches reaching the Python worker, then dropped).
 
     .venv/bin/python bench/feed_bench.py [--rows 100000 1000000] [--rounds 3]
 """
@@ -74,6 +75,17 @@ def shard_path(df, layout):
     return run
 
 
+def spark_to_python(df):
+    """Only the part Spark does: the partition's Arrow batches arrive in the Python worker, and are dropped."""
+
+    def count(batches):
+        yield pa.RecordBatch.from_pydict({"rows": [sum(len(batch) for batch in batches)]})
+
+    def run():
+        return df.mapInArrow(count, "rows long").collect()[0]["rows"]
+    return run
+
+
 def to_pandas_path(df):
     def run():
         frame = df.toPandas()
@@ -118,6 +130,7 @@ def main():
         layout = validation.layout(df.schema, "pixels", "label")
         contenders = {
             "tfbarrier shard (Spark partition -> Arrow file -> mmap)": shard_path(df, layout),
+            "Spark partition -> Python worker only": spark_to_python(df),
             "toPandas() + from_tensor_slices": to_pandas_path(df),
             "NumPy array in memory (limit)": in_memory(x, y),
         }

@@ -70,6 +70,7 @@ class Job:
 
     def measure(self, run):
         clock = tempfile.mktemp(prefix="tfbarrier-bench-clock-", suffix=".json")
+        harness.settle()
         started = time.time()
         run(clock)
         total = time.time() - started
@@ -166,10 +167,10 @@ def main():
     parser.add_argument("--model", choices=workloads.MODELS, default="cnn")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64, help="per-worker batch")
-    parser.add_argument("--steps", type=int, default=None, help="steps per epoch (default: cnn 100, large 20)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per epoch (default: cnn 60, large 15)")
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
-    args.steps = args.steps or {"cnn": 100, "large": 20}[args.model]
+    args.steps = args.steps or {"cnn": 60, "large": 15}[args.model]
 
     data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
     job = Job(args, data)

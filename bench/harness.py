@@ -23,6 +23,17 @@ def interleaved(contenders, rounds):
     return rounds_of({name: (lambda run=run: rate(run)) for name, run in contenders.items()}, rounds)
 
 
+def settle(idle_percent=15.0, limit=60.0):
+    """Wait until the machine is idle (CPU use over half a second below ``idle_percent``), so that
+    work a contender left running (a spare process importing TensorFlow, a JVM collecting garbage)
+    is not charged to the next one."""
+    import psutil
+
+    deadline = time.monotonic() + limit
+    while psutil.cpu_percent(interval=0.5) > idle_percent and time.monotonic() < deadline:
+        pass
+
+
 def rounds_of(contenders, rounds, log=None):
     """Call each contender once per round, in turn; name -> list of what each call returned."""
     results = {name: [] for name in contenders}

@@ -20,7 +20,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", choices=workloads.MODELS, default="cnn")
     parser.add_argument("--batch", type=int, default=64, help="per-worker batch")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args()
 
