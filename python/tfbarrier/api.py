@@ -201,7 +201,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
         started_at=started,
     )
-    server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, global_batch=batch_size)
+    server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, workers=num_workers,
+                                     global_batch=batch_size)
     job.progress, job.verbose = server.endpoint, verbose
     try:
         results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)

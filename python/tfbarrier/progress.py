@@ -1,4 +1,4 @@
-"""Live progress and logs on the driver while a job runs.
+"""Live progress and logs on the driver while a job runs, and the fast rendezvous.
 
 The driver opens a small TCP server on its own address for the duration of a job; every task
 connects back, authenticates with the job's secret token and streams JSON lines: its events
@@ -6,6 +6,10 @@ connects back, authenticates with the job's secret token and streams JSON lines:
 its output lines. What the driver shows depends on ``verbose``: 0 nothing, 1 one progress bar for
 the whole job plus a line per epoch, 2 also every worker's log lines. If a task cannot reach the
 server, training goes on and the driver warns that progress is unavailable.
+
+The same connection carries the tasks' rendezvous (``Reporter.gather``): Spark's allGather waits in
+whole seconds (its task thread sleeps 1 s between checks), the driver answers within milliseconds.
+When some task cannot reach the driver, every task is told to fall back to allGather.
 """
 
 import json
@@ -18,6 +22,7 @@ import time
 import warnings
 
 CONNECT_TIMEOUT = 5.0
+RENDEZVOUS_WAIT = 30.0  # s from a rendezvous' first arrival until every task falls back to allGather
 
 
 class ProgressUnavailableWarning(UserWarning):
@@ -37,9 +42,57 @@ class _Handler(socketserver.StreamRequestHandler):
             return  # closing the connection is the answer
         for line in self.rfile:
             try:
-                server.receive(json.loads(line))
+                message = json.loads(line)
             except ValueError:
                 continue
+            if message.get("kind") == "rendezvous":
+                server.rendezvous(message, self._reply)
+            else:
+                server.receive(message)
+
+    def _reply(self, message):
+        try:
+            self.wfile.write(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass  # the task is gone; its stage fails without the driver's help
+
+
+class _Gathering:
+    """One rendezvous (one submission of the job): the list of every task's info once all arrived,
+    or, ``wait`` seconds after the first arrival, a fallback for all (including late arrivals)."""
+
+    def __init__(self, size, wait):
+        self.size = size
+        self.infos, self.replies, self.outcome = {}, [], None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(wait, self._finish, [{"fallback": True}])
+        self._timer.daemon = True
+        self._timer.start()
+
+    def arrive(self, worker, info, reply):
+        with self._lock:
+            if self.outcome is None:
+                self.infos[worker] = info
+                self.replies.append(reply)
+                if len(self.infos) == self.size:
+                    self._finish_locked({"peers": [self.infos[i] for i in range(self.size)]})
+                return
+        reply(self.outcome)
+
+    def _finish(self, outcome):
+        with self._lock:
+            if self.outcome is None:
+                self._finish_locked(outcome)
+
+    def _finish_locked(self, outcome):
+        self.outcome = outcome
+        self._timer.cancel()
+        for reply in self.replies:
+            reply(outcome)
+        self.replies = []
+
+    def cancel(self):
+        self._timer.cancel()
 
 
 class _TCPServer(socketserver.ThreadingTCPServer):
@@ -50,11 +103,13 @@ class _TCPServer(socketserver.ThreadingTCPServer):
 class ProgressServer:
     """The driver's end. ``events`` keeps every accepted message with its arrival time."""
 
-    def __init__(self, host, verbose=1, total_workers=1, global_batch=None, out=None):
+    def __init__(self, host, verbose=1, workers=None, global_batch=None, out=None, rendezvous_wait=RENDEZVOUS_WAIT):
         self.token = secrets.token_hex(16)
         self.verbose = verbose
         self.global_batch = global_batch
-        self.total_workers = total_workers
+        self.workers = workers  # tasks in a rendezvous; None: no rendezvous through this server
+        self.rendezvous_wait = rendezvous_wait
+        self._gatherings = {}
         self.out = out or sys.stderr
         self.events = []
         self.rejected = 0
@@ -78,6 +133,19 @@ class ProgressServer:
             self.events.append(message)
             if self.verbose:
                 self._show(message)
+
+    def rendezvous(self, message, reply):
+        """A task's info for its submission (``attempt``); ``reply`` gets {"peers": [...]} or
+        {"fallback": true} (see _Gathering)."""
+        worker = message.get("worker")
+        if self.workers is None or not isinstance(worker, int) or not 0 <= worker < self.workers:
+            reply({"fallback": True})
+            return
+        with self._lock:
+            gathering = self._gatherings.get(message.get("attempt"))
+            if gathering is None:
+                gathering = self._gatherings[message.get("attempt")] = _Gathering(self.workers, self.rendezvous_wait)
+        gathering.arrive(worker, message.get("info"), reply)
 
     def _show(self, message):
         kind, worker = message.get("kind"), message.get("worker")
@@ -122,6 +190,8 @@ class ProgressServer:
         return {m.get("worker") for m in self.events}
 
     def close(self):
+        for gathering in self._gatherings.values():
+            gathering.cancel()
         self._server.shutdown()
         self._server.server_close()
         if self._bar is not None:
@@ -142,15 +212,29 @@ class Reporter:
         self.worker = worker
         self._lock = threading.Lock()
         self._closed = threading.Event()  # stops the log followers
-        self._sock = None
+        self._sock = self._replies = None
         if not endpoint:
             return
         try:
             self._sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=CONNECT_TIMEOUT)
             self._sock.settimeout(None)
             self._sock.sendall(json.dumps({"token": endpoint["token"]}).encode() + b"\n")
+            self._replies = self._sock.makefile("rb")
         except OSError:
             self._sock = None
+
+    def gather(self, attempt, info):
+        """Every task's ``info``, in task order, through the driver; None when the driver cannot
+        provide it (unreachable from here or from another task): the caller then uses Spark's
+        allGather, as every other task of the rendezvous will."""
+        if self._sock is None:
+            return None
+        self.send("rendezvous", attempt=attempt, info=info)
+        try:
+            line = self._replies.readline()  # the driver answers within RENDEZVOUS_WAIT
+            return json.loads(line).get("peers") if line else None
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def send(self, kind, **fields):
         if self._sock is None:

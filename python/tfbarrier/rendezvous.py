@@ -1,4 +1,5 @@
-"""Peers find each other: ports, the barrier all-gather, TF_CONFIG and the agreed step count.
+"""Peers find each other: ports, the rendezvous (through the driver, else the barrier's allGather),
+TF_CONFIG and the agreed step count.
 
 Ports are never fixed: each training process binds port 0 on its own host and keeps that socket
 open (bound, not listening) while the peers gather, so no other process can be handed the port; the
@@ -24,9 +25,13 @@ def task_host(context):
     return address.rsplit(":", 1)[0]
 
 
-def gather(context, info):
-    """Exchange a small JSON-able dict with every task of the stage; the list is in task order."""
-    return [json.loads(message) for message in context.allGather(json.dumps(info))]
+def gather(context, info, reporter=None, attempt=1):
+    """Exchange a small JSON-able dict with every task of the stage; the list is in task order, and
+    how it came: through the driver (``reporter``, milliseconds) or Spark's allGather (whole seconds)."""
+    peers = reporter.gather(attempt, info) if reporter is not None else None
+    if peers is not None:
+        return peers, "driver"
+    return [json.loads(message) for message in context.allGather(json.dumps(info))], "allGather"
 
 
 def _endpoint(host, port):

@@ -1,10 +1,10 @@
 """What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
 
 One task: take this Python worker's spare training process, which has imported TensorFlow already,
-or start one (it imports TensorFlow while the task writes its shard), stream
-the partition to the shard file, gather every peer's host, port and shard size through the barrier,
-hand TF_CONFIG and the agreed steps per epoch to the training process, wait for its result and yield
-it to the driver. The work directory and the process are gone when the task ends, however it ends;
+or start one (it imports TensorFlow while the task writes its shard), stream the partition to the
+shard file, gather every peer's host, port and shard size (through the driver, else the barrier's
+allGather), hand TF_CONFIG and the agreed steps per epoch to the training process, wait for its
+result and yield it to the driver. The work directory and the process are gone when the task ends, however it ends;
 a task that succeeded leaves a spare for the next one (spares.py).
 """
 
@@ -97,9 +97,9 @@ def _train(job, context, batches, workdir, reporter):
         timings["worker_start"] = time.time() - spawned
         reporter.event(f"training process ready on port {port}")
         gathered = time.time()
-        peers = rendezvous.gather(context, {"host": host, "port": port, "rows": rows})
+        peers, how = rendezvous.gather(context, {"host": host, "port": port, "rows": rows}, reporter, job.attempt)
         timings["rendezvous"] = time.time() - gathered
-        reporter.event(f"rendezvous: {len(peers)} workers")
+        reporter.event(f"rendezvous: {len(peers)} workers (through {how})")
         if job.kind == "fit":
             _check_shards(peers)
         steps = job.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], job.batch_size)

@@ -60,7 +60,9 @@ def test_progress_from_both_workers_arrives_while_training_runs(verbose_fit):
 def test_verbose_2_shows_every_workers_log_lines_and_a_progress_bar(verbose_fit):
     output = verbose_fit[1]
     assert "[worker 1] hello from worker 1" in output
-    assert "[worker 1] rendezvous: 2 workers" in output and "[worker 0] rendezvous: 2 workers" in output
+    # Every task reached the driver, so the rendezvous went through it rather than Spark's allGather.
+    assert "[worker 1] rendezvous: 2 workers (through driver)" in output
+    assert "[worker 0] rendezvous: 2 workers (through driver)" in output
     assert "epoch 3: loss" in output and "step" in output
 
 
@@ -120,3 +122,51 @@ def test_an_unreachable_driver_costs_the_workers_nothing_and_the_driver_warns():
     with pytest.warns(ProgressUnavailableWarning, match="no progress reached the driver"):
         server.close()
     assert server.events == []
+
+
+def _gather_in_threads(reporters, attempt=1):
+    import threading
+
+    answers = {}
+    threads = [threading.Thread(target=lambda r=r: answers.__setitem__(r.worker, r.gather(attempt, {"w": r.worker})))
+               for r in reporters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return answers
+
+
+def test_the_driver_hands_every_task_the_peers_in_task_order():
+    from tfbarrier.progress import Reporter
+
+    server = ProgressServer("127.0.0.1", verbose=0, workers=3)
+    reporters = [Reporter(server.endpoint, worker=w) for w in (2, 0, 1)]
+    try:
+        answers = _gather_in_threads(reporters)
+    finally:
+        for reporter in reporters:
+            reporter.close()
+        server.close()
+    assert answers == {w: [{"w": 0}, {"w": 1}, {"w": 2}] for w in range(3)}
+    assert server.events == []  # a rendezvous is not a progress message
+
+
+def test_when_one_task_cannot_reach_the_driver_every_task_falls_back_to_allgather():
+    from tfbarrier.progress import Reporter
+
+    server = ProgressServer("127.0.0.1", verbose=0, workers=2, rendezvous_wait=1.0)
+    connected, unreachable = Reporter(server.endpoint, worker=0), Reporter(None, worker=1)
+    try:
+        started = time.monotonic()
+        answers = _gather_in_threads([connected, unreachable])
+        waited = time.monotonic() - started
+        late_reporter = Reporter(server.endpoint, worker=1)
+        late = late_reporter.gather(1, {"w": 1})  # after the driver gave up
+        late_reporter.close()
+    finally:
+        connected.close()
+        server.close()
+    assert answers == {0: None, 1: None} and late is None
+    assert waited < 10  # told to fall back after rendezvous_wait, not left waiting
+    # (run() and apply() have no progress server: their tests cover the allGather path end to end.)
