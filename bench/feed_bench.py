@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -29,7 +29,7 @@ def main():
     data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
     x, y = workloads.make_data(data, args.steps * args.batch * most)
     df = fit_bench.dataframe(spark, x, y, most)
-    contenders, jobs = {}, {}
+    contenders = {}
     for n in args.workers:
         job = fit_bench.Job(args, data, workers=n)
         # Each worker trains on steps x batch rows of its own: the first n partitions' worth.

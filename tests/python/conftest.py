@@ -20,6 +20,20 @@ SESSION_TAG = uuid.uuid4().hex
 os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 
 
+def run_driver(script, *args, timeout=420):
+    """Run ``script`` (a driver program next to this file) in a Python process of its own and return
+    the JSON of its ``RESULT `` line; fails the test with the end of its stderr when there is none."""
+    import json
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, script), *args], capture_output=True, text=True,
+                         timeout=timeout, cwd=here)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines and out.returncode == 0, out.stderr[-4000:]
+    return json.loads(lines[0][7:])
+
+
 def _is_spare(pid):
     """A spare has not been adopted: its output still goes to its own directory, not a task's."""
     try:

@@ -3,7 +3,6 @@ process of its own: the test session already has a classic SparkContext). Prints
 
 import json
 import os
-import sys
 
 import numpy as np
 from conftest import digits_cnn, digits_frames, held_out_accuracy

@@ -1,23 +1,13 @@
 """fit, run and predict with a Spark Connect session (SparkSession.builder.remote("local[2]")), which
 has no SparkContext: every SparkContext-only step has a Connect path or a documented error."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from conftest import run_driver
 
 
 @pytest.fixture(scope="module")
 def connect_outcome():
-    out = subprocess.run([sys.executable, os.path.join(HERE, "connect_driver.py")], capture_output=True, text=True,
-                         timeout=600, cwd=HERE)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, out.stderr[-4000:]
-    return json.loads(lines[0][7:])
+    return run_driver("connect_driver.py", timeout=600)
 
 
 def test_the_session_is_a_connect_session(connect_outcome):

@@ -4,10 +4,9 @@ is not asked to use the fake devices)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_driver
 
 import tfbarrier
 from tfbarrier.errors import ClusterError
@@ -17,11 +16,7 @@ FAKE_GPUS = os.path.join(HERE, "fake_gpus.sh")
 
 
 def fit_elsewhere(master, conf, **kwargs):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "gpu_fit.py"), master, json.dumps(conf),
-                          json.dumps(kwargs)], capture_output=True, text=True, timeout=420, cwd=HERE)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, out.stderr[-4000:]
-    return json.loads(lines[0][7:])
+    return run_driver("gpu_fit.py", master, json.dumps(conf), json.dumps(kwargs))
 
 
 def test_each_task_sees_its_own_gpu_on_a_two_executor_cluster():

@@ -1,7 +1,5 @@
 """predict(): scoring a Spark DataFrame on the executors."""
 
-import os
-
 import numpy as np
 import pandas as pd
 import pytest

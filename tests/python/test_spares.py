@@ -1,22 +1,13 @@
 """Warm start (spares.py): a task leaves a spare training process that has imported TensorFlow, the
 next task on that Spark Python worker trains in it, and no spare outlives Spark."""
 
-import json
-import os
-import subprocess
-import sys
 import time
 
-from conftest import training_processes
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from conftest import run_driver, training_processes
 
 
 def test_spares_serve_the_next_fit_and_die_with_spark():
-    out = subprocess.run([sys.executable, os.path.join(HERE, "spares_fit.py")],
-                         capture_output=True, text=True, timeout=420, cwd=HERE)
-    assert out.returncode == 0, out.stderr[-4000:]
-    report = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    report = run_driver("spares_fit.py")
     first, second, off = report["fits"]
     assert first["warm"] == [False, False]
     assert second["warm"] == [True, True]
