@@ -30,7 +30,8 @@ class FitResult:
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
               environment (path, built, seconds; None for the executor's own Python), python_prefix
               (sys.prefix of its training process), warm_start (True when it trained in the spare
-              process its Spark Python worker kept, TensorFlow already imported), finished_at (its clock when training ended), timings
+              process its Spark Python worker kept, TensorFlow already imported), finished_at (its
+              clock when training ended), timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,

@@ -4,8 +4,8 @@ One task: take this Python worker's spare training process, which has imported T
 or start one (it imports TensorFlow while the task writes its shard), stream the partition to the
 shard file, gather every peer's host, port and shard size (through the driver, else the barrier's
 allGather), hand TF_CONFIG and the agreed steps per epoch to the training process, wait for its
-result and yield it to the driver. The work directory and the process are gone when the task ends, however it ends;
-a task that succeeded leaves a spare for the next one (spares.py).
+result and yield it to the driver. The work directory and the process are gone when the task ends,
+however it ends; a task that succeeded leaves a spare for the next one (spares.py).
 """
 
 import dataclasses
