@@ -30,16 +30,20 @@ ROW_BYTES = WIDTH * 4
 
 
 def write_parquet(path, rows, chunk=100_000, seed=0):
-    """rows x 784 random float32 (a list column, as Spark writes arrays) and an int label, in chunks."""
+    """rows x 784 random float32 (a list column, as Spark writes arrays) and an int label, written in
+    chunks; returns the same rows as NumPy arrays (x, y)."""
     rng = np.random.default_rng(seed)
+    x, y = np.empty((rows, WIDTH), np.float32), np.empty(rows, np.int64)
     schema = pa.schema([("pixels", pa.list_(pa.float32())), ("label", pa.int64())])
     with pq.ParquetWriter(path, schema, compression="none") as writer:
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
-            values = pa.array(rng.random(n * WIDTH, dtype=np.float32))
+            x[start:start + n] = rng.random((n, WIDTH), dtype=np.float32)
+            y[start:start + n] = rng.integers(0, 10, n)
             offsets = pa.array(np.arange(0, (n + 1) * WIDTH, WIDTH, dtype=np.int32))
-            pixels = pa.ListArray.from_arrays(offsets, values)
-            writer.write_table(pa.table({"pixels": pixels, "label": pa.array(rng.integers(0, 10, n))}, schema=schema))
+            pixels = pa.ListArray.from_arrays(offsets, pa.array(x[start:start + n].reshape(-1)))
+            writer.write_table(pa.table({"pixels": pixels, "label": pa.array(y[start:start + n])}, schema=schema))
+    return x, y
 
 
 def drain(x, y):
@@ -89,8 +93,10 @@ def to_pandas_path(df):
     def run():
         frame = df.toPandas()
         x = np.stack(frame["pixels"].to_numpy()).astype(np.float32, copy=False)
-        drain(x, frame["label"].to_numpy())
-        return len(frame)
+        y = frame["label"].to_numpy()
+        del frame  # at 1e6 rows the frame, the stacked copy and TensorFlow's copy would not fit together
+        drain(x, y)
+        return len(x)
     return run
 
 
@@ -105,6 +111,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--to-pandas-max-rows", type=int, default=100_000,
+                        help="leave toPandas() out above this: the whole partition lands on the driver")
     args = parser.parse_args()
 
     from pyspark.sql import SparkSession
@@ -120,12 +128,8 @@ def main():
     for rows in args.rows:
         workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-feed-")
         path = os.path.join(workdir, "data.parquet")
-        write_parquet(path, rows)
+        x, y = write_parquet(path, rows)
         df = spark.read.parquet(path).coalesce(1)
-        table = pq.read_table(path)
-        x = np.asarray(table.column("pixels").combine_chunks().flatten(), dtype=np.float32).reshape(-1, WIDTH)
-        y = table.column("label").to_numpy()
-        del table
         layout = validation.layout(df.schema, "pixels", "label")
         contenders = {
             "tfbarrier shard (Spark partition -> Arrow file -> mmap)": shard_path(df, layout),
@@ -133,6 +137,8 @@ def main():
             "toPandas() + from_tensor_slices": to_pandas_path(df),
             "NumPy array in memory (limit)": in_memory(x, y),
         }
+        if rows > args.to_pandas_max_rows:
+            del contenders["toPandas() + from_tensor_slices"]
         for run in contenders.values():  # warm-up: Python worker, TensorFlow import, page cache
             run()
         rates = harness.interleaved(contenders, args.rounds)
@@ -142,13 +148,13 @@ def main():
                         + "\n\n" + harness.table(mb, "MB/s", "NumPy array in memory (limit)"))
         del x, y
         shutil.rmtree(workdir, ignore_errors=True)
-    body = ("## Data feed\n\n"
-            f"`.venv/bin/python bench/feed_bench.py --rows {' '.join(map(str, args.rows))} --rounds {args.rounds}`: "
-            "one partition of a Parquet-backed DataFrame to drained batches of 64 (tfbarrier's tf.data "
-            "pipeline, graph mode), end to end from the driver's call; one warm-up run of each first.\n\n"
-            + "\n\n".join(sections))
-    harness.write_section("feed", body)
-    print(body)
+        body = ("## Data feed\n\n"
+                f"`.venv/bin/python bench/feed_bench.py --rows {' '.join(map(str, args.rows))} --rounds {args.rounds}`: "
+                "one partition of a Parquet-backed DataFrame to drained batches of 64 (tfbarrier's tf.data "
+                "pipeline, graph mode), end to end from the driver's call; one warm-up run of each first.\n\n"
+                + "\n\n".join(sections))
+        harness.write_section("feed", body)  # after each size: a later one may not fit in memory
+        print(body, flush=True)
     spark.stop()
 
 

@@ -20,7 +20,7 @@ MODELS = ("cnn", "large")
 INPUT_SHAPE = (28, 28, 1)
 
 
-def build_model(keras, kind):
+def build_model(keras, kind, steps_per_execution=1):
     """The slides' CNN ("cnn"), or a deeper one where compute per step dominates ("large"), compiled
     with Adam; ``keras`` is Keras 3 (what a user hands tfbarrier) or tf_keras (what the peers train)."""
     layers = keras.layers
@@ -35,7 +35,8 @@ def build_model(keras, kind):
         raise ValueError(f"model must be one of {MODELS}, got {kind!r}")
     model = keras.Sequential([keras.Input(INPUT_SHAPE), *body, layers.Dense(10)])
     model.compile(optimizer=keras.optimizers.Adam(0.001),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"],
+                  steps_per_execution=steps_per_execution)
     return model
 
 

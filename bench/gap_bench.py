@@ -1,0 +1,57 @@
+"""What closes the gap between a 2-worker tfbarrier.fit and one TensorFlow process (the limit): the
+default (one intra-op thread per worker, as Spark gives each task one CPU), two threads per worker,
+``steps_per_execution=10``, and a 4x larger per-worker batch (against the limit at the same global
+batch). Steady samples/s (epochs 2..) of the slides' CNN, interleaved as in fit_bench.py.
+
+    .venv/bin/python bench/gap_bench.py [--rounds 3]
+"""
+
+import argparse
+import tempfile
+
+import fit_bench  # noqa: E402 - sets the environment Spark's workers inherit
+import harness  # noqa: E402
+import workloads  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    spark = fit_bench.spark_session("local[2]")
+    jobs, frames = {}, {}
+    for batch in (64, 256):
+        data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+        jobs[batch] = fit_bench.Job(argparse.Namespace(model="cnn", batch=batch, steps=args.steps,
+                                                       epochs=args.epochs), data)
+        x, y = workloads.make_data(data, args.steps * jobs[batch].global_batch)
+        frames[batch] = fit_bench.dataframe(spark, x, y, 2)
+    small, large = jobs[64], jobs[256]
+    contenders = {
+        "single process, batch 128 (limit)": (small, fit_bench.single_process(small)),
+        "tfbarrier.fit, 2 x 64 (default: 1 thread per worker)": (small, fit_bench.tfbarrier_fit(frames[64], small)),
+        "tfbarrier.fit, 2 x 64, tf_threads=2": (small, fit_bench.tfbarrier_fit(frames[64], small, tf_threads=2)),
+        "tfbarrier.fit, 2 x 64, steps_per_execution=10": (
+            small, fit_bench.tfbarrier_fit(frames[64], small, steps_per_execution=10)),
+        "single process, batch 512 (limit)": (large, fit_bench.single_process(large)),
+        "tfbarrier.fit, 2 x 256": (large, fit_bench.tfbarrier_fit(frames[256], large)),
+    }
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    for name, (job, run) in contenders.items():
+        log(f"warm-up {name}: {job.measure(run)}")
+    results = harness.rounds_of({name: (lambda job=job, run=run: job.measure(run))
+                                 for name, (job, run) in contenders.items()}, args.rounds, log)
+    body = ("## Closing the gap to one process\n\n"
+            f"`.venv/bin/python bench/gap_bench.py --rounds {args.rounds}`: steady "
+            f"samples/s (epochs 2..) of the slides' CNN, {args.steps} steps x {args.epochs} epochs, Spark `local[2]`; "
+            "one warm-up run of each first.\n\n"
+            + harness.metric_table(results, "throughput", "samples/s", "single process, batch 128 (limit)", digits=0))
+    harness.write_section("gap", body)
+    print(body)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
