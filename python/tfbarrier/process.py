@@ -186,9 +186,6 @@ class TrainingProcess:
             fields["retryable"] = code < 0
         return cls(f"worker {self.worker_index} on {self.host} failed: {what}", **fields)
 
-    def wait(self):
-        return self._proc.wait()
-
     def stop(self, grace=5.0):
         """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds) and reap it."""
         self.channel.close()
