@@ -1,10 +1,11 @@
 """Data feed: rows/s and MB/s from a Spark DataFrame partition to batches of a tf.data pipeline, by
 tfbarrier's path (the task streams the partition's Arrow batches into a shard file, the training
-process memory-maps it) against toPandas() + from_tensor_slices on the driver, and against the same
-rows already in memory as a NumPy array (the limit). One partition, one process each; the same
-pipeline (tfbarrier.shards.dataset_fn, batch 64, no shuffle) drained in graph mode, as Keras
-drains it. The DataFrame is read from a Parquet file (rows x 784 float32 + a label). A fourth line
-times Spark's part alone (the partition's Arrow batches reaching the Python worker, then dropped).
+process streams it back record batch by record batch) against toPandas() + from_tensor_slices on the
+driver, and against the same rows already in memory as a NumPy array (the limit). One partition, one
+process each; batches of 64 (no shuffle) drained in graph mode, as Keras drains them: tfbarrier's
+streaming pipeline for the shard, from_tensor_slices for arrays in memory. The DataFrame is read from
+a Parquet file (rows x 784 float32 + a label). A fourth line times Spark's part alone (the
+partition's Arrow batches reaching the Python worker, then dropped).
 
     .venv/bin/python bench/feed_bench.py [--rows 100000 1000000] [--rounds 3]
 """
@@ -29,32 +30,45 @@ WIDTH, BATCH = 784, 64
 ROW_BYTES = WIDTH * 4
 
 
-def write_parquet(path, rows, chunk=100_000, seed=0):
+def write_parquet(path, rows, chunk=100_000, seed=0, keep=True):
     """rows x 784 random float32 (a list column, as Spark writes arrays) and an int label, written in
-    chunks; returns the same rows as NumPy arrays (x, y)."""
+    chunks; returns the same rows as NumPy arrays (x, y), or None unless ``keep``."""
     rng = np.random.default_rng(seed)
-    x, y = np.empty((rows, WIDTH), np.float32), np.empty(rows, np.int64)
+    kept = []
     schema = pa.schema([("pixels", pa.list_(pa.float32())), ("label", pa.int64())])
     with pq.ParquetWriter(path, schema, compression="none") as writer:
         for start in range(0, rows, chunk):
             n = min(chunk, rows - start)
-            x[start:start + n] = rng.random((n, WIDTH), dtype=np.float32)
-            y[start:start + n] = rng.integers(0, 10, n)
+            x, y = rng.random((n, WIDTH), dtype=np.float32), rng.integers(0, 10, n)
+            if keep:
+                kept.append((x, y))
             offsets = pa.array(np.arange(0, (n + 1) * WIDTH, WIDTH, dtype=np.int32))
-            pixels = pa.ListArray.from_arrays(offsets, pa.array(x[start:start + n].reshape(-1)))
-            writer.write_table(pa.table({"pixels": pixels, "label": pa.array(y[start:start + n])}, schema=schema))
-    return x, y
+            pixels = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))
+            writer.write_table(pa.table({"pixels": pixels, "label": pa.array(y)}, schema=schema))
+    return tuple(np.concatenate(parts) for parts in zip(*kept)) if keep else None
 
 
-def drain(x, y):
-    """Every full batch of tfbarrier's pipeline over (x, y), consumed in graph mode; returns batches."""
+def count_batches(ds, rows):
+    """Drain every full batch of ``ds`` over ``rows`` rows in graph mode, as Keras does; returns batches."""
+    return int(ds.take(rows // BATCH).reduce(np.int64(0), lambda count, _: count + 1))
+
+
+def drain_shard(shard):
+    """tfbarrier's streaming pipeline (shards.dataset_fn, no shuffle) over a shard file."""
     import tensorflow as tf
 
     from tfbarrier import shards
 
-    batches = len(x) // BATCH
-    ds = shards.dataset_fn(x, y, (WIDTH,), BATCH, seed=0, shuffle=False)(tf.distribute.InputContext())
-    return int(ds.take(batches).reduce(np.int64(0), lambda count, _: count + 1))
+    make = shards.dataset_fn(shard, (WIDTH,), BATCH, seed=0, shuffle=False)
+    return count_batches(make(tf.distribute.InputContext()), shard.rows)
+
+
+def drain_arrays(x, y):
+    """The same batches from arrays already in memory (from_tensor_slices)."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(BATCH, drop_remainder=True)
+    return count_batches(ds.prefetch(tf.data.AUTOTUNE), len(x))
 
 
 def shard_path(df, layout):
@@ -66,8 +80,8 @@ def shard_path(df, layout):
         workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-shard-")
         try:
             path = os.path.join(workdir, "shard.arrow")
-            rows = shards.write(batches, path, layout)
-            drained = drain(*shards.read(path))
+            rows, _ = shards.write(batches, path, layout)
+            drained = drain_shard(shards.Shard.open(path, rows))
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         yield pa.RecordBatch.from_pydict({"rows": [rows], "batches": [drained]})
@@ -95,14 +109,14 @@ def to_pandas_path(df):
         x = np.stack(frame["pixels"].to_numpy()).astype(np.float32, copy=False)
         y = frame["label"].to_numpy()
         del frame  # at 1e6 rows the frame, the stacked copy and TensorFlow's copy would not fit together
-        drain(x, y)
+        drain_arrays(x, y)
         return len(x)
     return run
 
 
 def in_memory(x, y):
     def run():
-        drain(x, y)
+        drain_arrays(x, y)
         return len(x)
     return run
 
@@ -132,7 +146,7 @@ def main():
         df = spark.read.parquet(path).coalesce(1)
         layout = validation.layout(df.schema, "pixels", "label")
         contenders = {
-            "tfbarrier shard (Spark partition -> Arrow file -> mmap)": shard_path(df, layout),
+            "tfbarrier shard (Spark partition -> Arrow file -> streamed)": shard_path(df, layout),
             "Spark partition -> Python worker only": spark_to_python(df),
             "toPandas() + from_tensor_slices": to_pandas_path(df),
             "NumPy array in memory (limit)": in_memory(x, y),

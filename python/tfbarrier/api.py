@@ -12,7 +12,7 @@ from .job import JobSpec, pickle_user_code
 from .model_spec import ModelSpec
 
 _WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
-                  "python_prefix", "warm_start", "checksum", "shard_checksum", "finished_at", "timings")
+                  "python_prefix", "warm_start", "checksum", "shard_checksum", "memory", "finished_at", "timings")
 STALL_TIMEOUT = 300.0
 
 
@@ -31,7 +31,9 @@ class FitResult:
               environment (path, built, seconds; None for the executor's own Python), python_prefix
               (sys.prefix of its training process), warm_start (True when it trained in the spare
               process its Spark Python worker kept, TensorFlow already imported), finished_at (its
-              clock when training ended), timings
+              clock when training ended), memory (its training process's resident memory in MB:
+              baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
+              timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,
@@ -110,7 +112,7 @@ def _spark_session(spark):
 
 
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
-        seed=None, shuffle=True, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
+        seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
         timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
@@ -127,7 +129,10 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
         that builds and compiles one with ``tf.keras`` (use this for custom layers).
     features : str or list of str
-        One array column (e.g. a flat image, reshaped to the model's input shape) or numeric columns.
+        One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, or
+        one binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s
+        ``content``), decoded in the training processes and resized to the model's (height, width,
+        channels) input as float32 in 0-255, like ``keras.utils.image_dataset_from_directory``.
     label : str
         A numeric column.
     epochs, batch_size : int
@@ -140,6 +145,11 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         Seeds weights' initialisation in the workers and the shuffling of each shard.
     shuffle : bool
         Shuffle each shard every pass (default). False keeps partition order, for reproducible runs.
+    shuffle_buffer : int, optional
+        Rows each worker mixes at a time when ``shuffle`` is on. A shard is streamed, never held whole:
+        each pass reads its record batches (about 4 MB each) in a fresh random order and draws rows
+        from a buffer of this many. Memory: this many rows' bytes. Default: 10,000 rows, but no more
+        than 64 MB of them (for example 10,000 rows of 784 float32, or 640 encoded images of 100 kB).
     tf_threads : int, optional
         Intra-op threads per training process. Default: the CPUs Spark gives each task.
     callbacks : callable, optional
@@ -173,6 +183,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     epochs = validation.positive_int("epochs", epochs)
     batch_size = validation.positive_int("batch_size", batch_size)
     steps_per_epoch = validation.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+    shuffle_buffer = validation.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True)
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
     max_retries = validation.non_negative_int("max_retries", max_retries)
     timeout = validation.positive_seconds("timeout", timeout)
@@ -197,8 +208,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         frame = frame.repartition(num_workers)
     job = JobSpec(
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
-        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), tf_threads=tf_threads,
-        callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
+        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer,
+        tf_threads=tf_threads, callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
         started_at=started,
     )

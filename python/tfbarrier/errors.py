@@ -6,7 +6,12 @@ condition of the same name.
 
 
 class TfBarrierError(Exception):
-    """Base class of every error tfbarrier raises."""
+    """Base class of every error tfbarrier raises. An error raised in a training process keeps its
+    class on the driver, with ``worker`` (its index), ``host`` and ``log`` (the last lines of its
+    output) set; they are None and "" for errors raised on the driver."""
+
+    worker = host = None
+    log = ""
 
 
 class InvalidArgumentError(TfBarrierError, ValueError):
@@ -101,7 +106,15 @@ def decode(text):
     message = payload.pop("message")
     if issubclass(cls, WorkerError):
         error = cls(message, **payload)
-        if error.log:
-            error.args = (f"{message}\n--- last lines of worker {error.worker}'s output ---\n{error.log}",)
-        return error
-    return cls(message)
+    else:
+        error = from_worker(cls, message, payload.get("worker"), payload.get("host"), payload.get("log", ""))
+    if error.log:
+        error.args = (f"{message}\n--- last lines of worker {error.worker}'s output ---\n{error.log}",)
+    return error
+
+
+def from_worker(cls, message, worker, host, log):
+    """A ``cls`` error (not a WorkerError) raised in training process ``worker`` on ``host``."""
+    error = cls(message)
+    error.worker, error.host, error.log = worker, host, log
+    return error

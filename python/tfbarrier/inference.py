@@ -105,19 +105,53 @@ def _load(model_id, archive, flavor):
     return _models[model_id]
 
 
+def _raw_outputs(model, x, batch_size):
+    """The model's raw outputs for the rows of ``x`` (an array, or a tf.data pipeline of batches) as
+    a (rows, units) float32 array."""
+    slices = (x[i:i + batch_size] for i in range(0, len(x), batch_size)) if isinstance(x, np.ndarray) else x
+    chunks = [np.asarray(model.predict_on_batch(chunk)) for chunk in slices]
+    if not chunks:
+        return np.zeros((0, 1), np.float32)
+    raw = np.concatenate(chunks)
+    return raw.reshape(len(raw), -1).astype(np.float32)
+
+
+def _image_outputs(model, rows, input_shape, batch_size, offset):
+    """Raw outputs for encoded images (decoded in a parallel tf.data map); an image that does not
+    decode is a ColumnError naming its row in the partition (``offset``: rows before this batch)."""
+    import tensorflow as tf
+
+    images = (tf.data.Dataset.from_tensor_slices(rows)
+              .map(lambda data: shards.decode_image(data, input_shape), num_parallel_calls=tf.data.AUTOTUNE)
+              .batch(batch_size))
+    try:
+        return _raw_outputs(model, images, batch_size)
+    except tf.errors.OpError:
+        bad = shards.undecodable_row(rows, input_shape)
+        if bad is None:
+            raise
+        raise ColumnError(f"row {offset + bad[0]} of the partition does not decode as an image ({bad[1]}): "
+                          "filter out the broken images first") from None
+
+
 def _scorer(model_id, archive, flavor, layout, input_shape, output, transform, batch_size):
     """An iterator-of-Arrow-arrays function: struct of the feature columns in, the prediction out."""
 
     def score(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:  # pyspark reads the UDF kind from hints
         model = None
+        offset = 0  # rows of this partition scored so far
         for struct in structs:
             if model is None:
                 model = _load(model_id, archive, flavor)
-            x = shards.to_numpy(shards.feature_matrix(pa.RecordBatch.from_struct_array(struct), layout))
-            validation.check_input_width(x.shape[1] if len(x) else None, input_shape)
-            x = x.reshape((-1, *input_shape))
-            chunks = [np.asarray(model.predict_on_batch(x[i:i + batch_size])) for i in range(0, len(x), batch_size)]
-            raw = np.concatenate(chunks).reshape(len(x), -1).astype(np.float32) if chunks else np.zeros((0, 1), np.float32)
+            batch = pa.RecordBatch.from_struct_array(struct)
+            if layout.kind == shards.IMAGE:
+                rows = shards.encoded_images(batch, layout).to_numpy(zero_copy_only=False)
+                raw = _image_outputs(model, rows, input_shape, batch_size, offset)
+            else:
+                x = shards.to_numpy(shards.feature_matrix(batch, layout))
+                validation.check_input_width(x.shape[1] if len(x) else None, input_shape)
+                raw = _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
+            offset += len(batch)
             values = _outputs(raw, output, transform)
             if output == "class":
                 yield pa.array(values.astype(np.int64))
@@ -137,7 +171,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     data : pyspark.sql.DataFrame
     model : Keras model (Keras 3 or tf_keras) or FitResult
     features : str or list of str
-        As in ``fit``: one array column or numeric columns.
+        As in ``fit``: one array column, numeric columns, or one binary column of encoded images.
     output_col : str
         Name of the new column.
     batch_size : int
@@ -162,7 +196,10 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     layout = validation.layout(data.schema, features, scoring=True)
     input_shape = tuple(model.input_shape[1:])
     # No Spark job here (predict stays lazy): array lengths are checked batch by batch on the executors.
-    validation.check_input_width(None if layout.array_column else len(layout.features), input_shape)
+    if layout.kind == shards.IMAGE:
+        validation.check_image_input(input_shape)
+    else:
+        validation.check_input_width(len(layout.features) if layout.kind == shards.COLUMNS else None, input_shape)
     transform = _output_transform(model, output)
     archive = cluster.broadcast(data.sparkSession, save_archive(model))
     from pyspark.sql import functions as F

@@ -29,6 +29,7 @@ class JobSpec:
     steps_per_epoch: int = None  # None: one pass over all rows per epoch
     seed: int = None
     shuffle: bool = True
+    shuffle_buffer: int = None  # rows; None: shards.SHUFFLE_BUFFER_ROWS, at most SHUFFLE_BUFFER_BYTES of them
     callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
     checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
     tensorboard_dir: str = None  # the chief's TensorBoard logs

@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 
-from .errors import PortClashError, WorkerError, WorkerStalledError
+from . import errors
+from .errors import PortClashError, TfBarrierError, WorkerError, WorkerStalledError
 
 LOG_FILE = "worker.log"
 ERROR_FILE = "error.json"
@@ -174,6 +175,11 @@ class TrainingProcess:
                 info = json.load(f)
         except (OSError, ValueError):
             pass
+        raised = getattr(errors, info.get("type", ""), None)
+        if isinstance(raised, type) and issubclass(raised, TfBarrierError) and not issubclass(raised, WorkerError):
+            # An error in the model or the data: the same class as on the driver, never retried.
+            return errors.from_worker(raised, f"worker {self.worker_index} on {self.host}: {info['message']}",
+                                      self.worker_index, self.host, self.log_tail())
         cls = PortClashError if code == PORT_CLASH_EXIT_CODE else WorkerError
         if info:
             what = f"{info['type']}: {info['message']}"

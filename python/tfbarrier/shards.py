@@ -1,11 +1,18 @@
-"""One worker's data: Spark Arrow batches -> a local Arrow file -> a tf.data pipeline.
+"""One worker's data: Spark Arrow batches -> a local Arrow file -> a streaming tf.data pipeline.
 
-The task streams its partition batch by batch into an Arrow IPC file with two columns, ``x`` (a
-fixed-size list of float32: one flat feature vector per row) and ``y`` (the label), so memory in the
-task stays bounded by one batch. The training process memory-maps that file.
+The task streams its partition batch by batch into an Arrow IPC file with two columns, ``x`` and
+``y`` (the label), in record batches of at most ``RECORD_BATCH_BYTES``, so memory in the task stays
+bounded by one Spark batch. ``x`` is a fixed-size list of float32 (one flat feature vector per row),
+or, for encoded images, the image file's bytes.
+
+The training process streams that file into tf.data one record batch at a time and never holds the
+whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
+bounded shuffle buffer, and decodes images in a parallel map. The file is read with ``pread``, not
+memory-mapped: mapped pages count in a process's resident memory until it unmaps them.
 """
 
 import dataclasses
+import hashlib
 import os
 
 import numpy as np
@@ -14,16 +21,22 @@ import pyarrow.compute as pc
 
 from .errors import ColumnError
 
+RECORD_BATCH_BYTES = 4 * 2**20  # a shard's record batches: the unit the reader reads and reorders
+SHUFFLE_BUFFER_ROWS = 10_000  # the default shuffle buffer, in rows...
+SHUFFLE_BUFFER_BYTES = 64 * 2**20  # ...and at most this many bytes of the shard's rows
+ARRAY, COLUMNS, IMAGE = "array", "columns", "image"  # Layout.kind
+IMAGE_CHANNELS = (1, 3, 4)
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Which columns hold the features and the label (None when scoring). ``array_column`` is True when
-    ``features`` is a single array column (for example a flat image); otherwise each feature is a
-    numeric column."""
+    """Which columns hold the features and the label (None when scoring), and their kind: ``"array"``
+    (one array column of numbers, for example a flat image), ``"columns"`` (numeric columns) or
+    ``"image"`` (one binary column of encoded image files, decoded in the training process)."""
 
     features: tuple
     label: str
-    array_column: bool
+    kind: str
 
     @property
     def columns(self):
@@ -32,7 +45,7 @@ class Layout:
 
 def feature_matrix(batch, layout):
     """The batch's features as a FixedSizeListArray of float32 (one row per example)."""
-    if layout.array_column:
+    if layout.kind == ARRAY:
         name = layout.features[0]
         column = batch.column(name)
         lengths = pc.min_max(pc.list_value_length(column))
@@ -56,20 +69,54 @@ def feature_matrix(batch, layout):
     return pa.FixedSizeListArray.from_arrays(pc.cast(values, pa.float32()), width)
 
 
+def encoded_images(batch, layout):
+    """The batch's image column as a binary array (one encoded image file per row)."""
+    name = layout.features[0]
+    column = batch.column(name)
+    if column.null_count:
+        raise ColumnError(f"image column {name!r} has null rows: drop them first")
+    return column.cast(pa.binary()) if pa.types.is_large_binary(column.type) else column
+
+
 def _training_batch(batch, layout):
     """One Spark batch as the shard's (x, y) batch."""
     label = batch.column(layout.label)
     if label.null_count:
         raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
-    return pa.RecordBatch.from_arrays([feature_matrix(batch, layout), label], ["x", "y"])
+    x = encoded_images(batch, layout) if layout.kind == IMAGE else feature_matrix(batch, layout)
+    return pa.RecordBatch.from_arrays([x, label], ["x", "y"])
+
+
+def _bounded(batches):
+    """The record batches re-sliced to at most RECORD_BATCH_BYTES (at least one row) each."""
+    for batch in batches:
+        rows = max(1, int(len(batch) * RECORD_BATCH_BYTES / max(1, batch.nbytes)))
+        for start in range(0, len(batch), rows):
+            yield batch.slice(start, rows)
+
+
+def _digest(digest, batch):
+    x = batch.column(0)
+    values = x.to_pylist() if pa.types.is_binary(x.type) else [to_numpy(x).tobytes()]
+    for value in values:
+        digest.update(value)
+    digest.update(batch.column(1).to_numpy(zero_copy_only=False).tobytes())
 
 
 def write(batches, path, layout):
-    """Stream the partition's Arrow record batches to ``path`` as (x, y); return the rows written."""
-    rows = write_partition((_training_batch(batch, layout) for batch in batches), path)
+    """Stream the partition's Arrow record batches to ``path`` as (x, y). Returns (rows, checksum):
+    the rows written and a digest of them, in order."""
+    digest = hashlib.sha256()
+
+    def checked(batch):
+        _digest(digest, batch)
+        return batch
+
+    rows = write_partition((checked(b) for b in _bounded(_training_batch(b, layout) for b in batches)), path)
     if not os.path.exists(path):  # an empty partition still gets a (row-less) file
-        pa.ipc.new_file(path, pa.schema([("x", pa.list_(pa.float32(), 1)), ("y", pa.float32())])).close()
-    return rows
+        x_type = pa.binary() if layout.kind == IMAGE else pa.list_(pa.float32(), 1)
+        pa.ipc.new_file(path, pa.schema([("x", x_type), ("y", pa.float32())])).close()
+    return rows, digest.hexdigest()
 
 
 def write_partition(batches, path):
@@ -102,32 +149,128 @@ def to_numpy(matrix):
     return matrix.values.to_numpy(zero_copy_only=False).reshape(-1, matrix.type.list_size)
 
 
-def read(path):
-    """The shard as NumPy arrays ``(x, y)``: x is float32 of shape (rows, width)."""
-    with pa.memory_map(path) as source:
-        table = pa.ipc.open_file(source).read_all()
-    features = to_numpy(table.column("x").combine_chunks())
-    labels = table.column("y").combine_chunks().to_numpy(zero_copy_only=False)
-    if labels.dtype == np.float64:
-        labels = labels.astype(np.float32)
-    return features, labels
+def _label_dtype(arrow_type):
+    dtype = np.dtype(arrow_type.to_pandas_dtype())
+    return np.dtype(np.float32) if dtype == np.float64 else dtype
 
 
-def dataset_fn(x, y, input_shape, global_batch_size, seed, shuffle=True):
-    """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, shuffled
-    (unless ``shuffle`` is False: rows in partition order), repeated without end (every worker runs
-    the agreed number of steps, however small its shard) and batched to the per-replica share of
-    the global batch."""
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """A shard file, described from its footer without reading its rows."""
+
+    path: str
+    rows: int
+    record_batches: int
+    width: int  # feature values per row; None for encoded images
+    label_dtype: np.dtype
+    bytes_per_row: float
+
+    @classmethod
+    def open(cls, path, rows):
+        """The shard ``write`` wrote to ``path`` (``rows``: what it returned)."""
+        with pa.OSFile(path) as source:
+            reader = pa.ipc.open_file(source)
+            x_type = reader.schema.field("x").type
+            return cls(path=path, rows=rows, record_batches=reader.num_record_batches,
+                       width=None if pa.types.is_binary(x_type) else x_type.list_size,
+                       label_dtype=_label_dtype(reader.schema.field("y").type),
+                       bytes_per_row=os.path.getsize(path) / max(1, rows))
+
+    @property
+    def images(self):
+        return self.width is None
+
+    def batches(self, order):
+        """(x, y) NumPy arrays of the record batches in ``order``, read one at a time: x is float32
+        (rows, width), or an object array of encoded image bytes."""
+        with pa.OSFile(self.path) as source:
+            reader = pa.ipc.open_file(source)
+            for i in order:
+                batch = reader.get_batch(int(i))
+                x = batch.column(0)
+                x = x.to_numpy(zero_copy_only=False) if self.images else to_numpy(x)
+                yield x, batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
+
+    def pass_order(self, shuffle, seed, pass_number):
+        """The record batches' order in one pass: as written, or a permutation seeded by (seed, pass)."""
+        if not shuffle:
+            return np.arange(self.record_batches)
+        entropy = None if seed is None else [seed, pass_number]
+        return np.random.default_rng(entropy).permutation(self.record_batches)
+
+    def shuffle_buffer(self, requested, batch):
+        """Rows in the shuffle buffer: ``requested``, or by default SHUFFLE_BUFFER_ROWS but no more than
+        SHUFFLE_BUFFER_BYTES of this shard's rows; never less than one batch nor more than the shard."""
+        rows = requested or min(SHUFFLE_BUFFER_ROWS, int(SHUFFLE_BUFFER_BYTES / self.bytes_per_row))
+        return max(1, min(max(rows, batch), self.rows))
+
+
+def decode_image(data, image_shape):
+    """One encoded image (PNG, JPEG, GIF, BMP) as float32 (height, width, channels) in 0-255, resized
+    as keras.utils.image_dataset_from_directory does."""
     import tensorflow as tf
 
-    features = x.reshape((-1, *input_shape))
+    height, width, channels = image_shape
+    image = tf.io.decode_image(data, channels=channels, expand_animations=False)
+    image = tf.image.resize(image, (height, width))
+    image.set_shape(image_shape)
+    return image
+
+
+def undecodable_row(rows, image_shape):
+    """(position, reason) of the first of ``rows`` (encoded images) that does not decode, else None."""
+    import tensorflow as tf
+
+    for position, data in enumerate(rows):
+        try:
+            decode_image(tf.constant(data), image_shape)
+        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+            return position, exc.message.splitlines()[0]
+    return None
+
+
+def first_undecodable(shard, image_shape):
+    """(position in the partition, reason) of the shard's first undecodable image, else None."""
+    offset = 0
+    for x, _ in shard.batches(range(shard.record_batches)):
+        found = undecodable_row(x, image_shape)
+        if found is not None:
+            return offset + found[0], found[1]
+        offset += len(x)
+    return None
+
+
+def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffle_buffer=None):
+    """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, streamed
+    (see the module's docstring), repeated without end (every worker runs the agreed number of
+    steps, however small its shard) and batched to the per-replica share of the global batch.
+    With ``shuffle`` False, rows come in partition order, pass after pass."""
+    import tensorflow as tf
+
+    input_shape = tuple(input_shape)
+    x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
+              else tf.TensorSpec((None, *input_shape), tf.float32))
+    signature = (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)))
+
+    def one_pass_batches(pass_number):
+        for x, y in shard.batches(shard.pass_order(shuffle, seed, pass_number)):
+            yield (x if shard.images else x.reshape((-1, *input_shape))), y
 
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
-        ds = tf.data.Dataset.from_tensor_slices((features, y))
-        if shuffle:
-            ds = ds.shuffle(min(len(features), 10_000), seed=seed, reshuffle_each_iteration=True)
-        ds = ds.repeat().batch(batch, drop_remainder=True)
+        buffer = shard.shuffle_buffer(shuffle_buffer, batch)
+
+        def one_pass(pass_number):
+            rows = tf.data.Dataset.from_generator(one_pass_batches, args=(pass_number,),
+                                                  output_signature=signature).unbatch()
+            if shuffle:  # within the pass: every row once per pass
+                rows = rows.shuffle(buffer, seed=None if seed is None else seed + pass_number)
+            return rows
+
+        ds = tf.data.Dataset.range(np.iinfo(np.int64).max).flat_map(one_pass)
+        if shard.images:
+            ds = ds.map(lambda x, y: (decode_image(x, input_shape), y), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.batch(batch, drop_remainder=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -85,8 +85,9 @@ def _train(job, context, batches, workdir, reporter):
         if job.verbose >= 2:
             reporter.follow(os.path.join(workdir, LOG_FILE))
         shard = os.path.join(workdir, "shard.arrow")
+        shard_checksum = None
         if job.kind == "fit":
-            rows = shards.write(batches, shard, job.layout)
+            rows, shard_checksum = shards.write(batches, shard, job.layout)
         elif job.kind == "apply":
             rows = shards.write_partition(batches, shard)
         else:
@@ -104,7 +105,8 @@ def _train(job, context, batches, workdir, reporter):
             _check_shards(peers)
         steps = job.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], job.batch_size)
         process.send(
-            event="config", tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps, shard=shard
+            event="config", tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps, shard=shard,
+            rows=rows,
         )
         forward = lambda message: reporter.send("progress", **message)  # noqa: E731
         process.receive("done", stall_timeout=job.stall_timeout, on_message=forward)
@@ -114,7 +116,7 @@ def _train(job, context, batches, workdir, reporter):
     if job.warm_start:
         spares.leave(python, env)
     result["timings"].update(timings)
-    result.update(index=index, host=host, port=port, rows=rows, steps_per_epoch=steps,
+    result.update(index=index, host=host, port=port, rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps,
                   executor=context.getTaskInfos()[index].address, gpus=task_env["CUDA_VISIBLE_DEVICES"],
                   environment=environment_info, warm_start=warm)
     return result

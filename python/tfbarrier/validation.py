@@ -8,6 +8,7 @@ import os
 
 from .errors import ColumnError, InvalidArgumentError, ModelError
 from .job import pickle_user_code
+from . import shards
 from .shards import Layout
 
 
@@ -121,8 +122,6 @@ def _is_numeric(data_type):
 def layout(schema, features, label=None, scoring=False):
     """The Layout of the training columns (``scoring``: the feature columns alone), or a ColumnError
     naming the column and the fix."""
-    from pyspark.sql.types import ArrayType
-
     if isinstance(features, str):
         features = [features]
     if not features or not all(isinstance(f, str) for f in features):
@@ -138,21 +137,38 @@ def layout(schema, features, label=None, scoring=False):
             f"label column {label!r} has type {types[label].simpleString()}; it must be numeric "
             "(class ids as integers, or a float target): cast or index it first"
         )
-    array_column = len(features) == 1 and isinstance(types[features[0]], ArrayType)
-    if array_column:
+    kind = _features_kind(features, types)
+    if kind == shards.ARRAY:
         element = types[features[0]].elementType
         if not _is_numeric(element):
             raise ColumnError(
                 f"feature column {features[0]!r} is an array of {element.simpleString()}; it must hold numbers"
             )
-    else:
+    elif kind == shards.COLUMNS:
         for name in features:
             if not _is_numeric(types[name]):
                 raise ColumnError(
                     f"feature column {name!r} has type {types[name].simpleString()}; features must be "
-                    "numeric columns or one array column of numbers"
+                    "numeric columns, one array column of numbers, or one binary column of encoded images"
                 )
-    return Layout(features=tuple(features), label=None if scoring else label, array_column=array_column)
+    return Layout(features=tuple(features), label=None if scoring else label, kind=kind)
+
+
+def _features_kind(features, types):
+    from pyspark.sql.types import ArrayType, BinaryType, StructType
+
+    if len(features) != 1:
+        return shards.COLUMNS
+    data_type = types[features[0]]
+    if isinstance(data_type, StructType) and {"height", "width", "nChannels", "data"} <= set(data_type.names):
+        raise ColumnError(
+            f"feature column {features[0]!r} is a struct of Spark's image data source, which holds decoded "
+            "pixels in BGR order; read the files with spark.read.format(\"binaryFile\").load(path) instead "
+            "and pass its \"content\" column (the encoded images, decoded in the training processes)"
+        )
+    if isinstance(data_type, BinaryType):
+        return shards.IMAGE
+    return shards.ARRAY if isinstance(data_type, ArrayType) else shards.COLUMNS
 
 
 def profile(df, layout):
@@ -162,7 +178,7 @@ def profile(df, layout):
 
     aggregates = [F.count(F.lit(1)).alias("rows")]
     aggregates += [F.count_if(F.col(name).isNull()).alias(f"nulls_{i}") for i, name in enumerate(layout.columns)]
-    if layout.array_column:
+    if layout.kind == shards.ARRAY:
         array = F.col(layout.features[0])
         aggregates += [
             F.min(F.size(array)).alias("min_length"),
@@ -189,8 +205,11 @@ def check_profile(profile, layout, num_workers, input_shape):
                 f"column {name!r} has {nulls} null value(s): drop or impute them first, e.g. "
                 f"df.dropna(subset={layout.columns!r})"
             )
+    if layout.kind == shards.IMAGE:
+        check_image_input(input_shape)
+        return
     width = len(layout.features)
-    if layout.array_column:
+    if layout.kind == shards.ARRAY:
         name = layout.features[0]
         if profile["null_elements"]:
             raise ColumnError(
@@ -215,4 +234,16 @@ def check_input_width(width, input_shape):
         raise ModelError(
             f"each row has {width} feature values but the model's input shape {tuple(input_shape)} needs "
             f"{needed}: choose the matching feature columns or change the model's input"
+        )
+
+
+def check_image_input(input_shape):
+    """Refuse a model that cannot take decoded images: its input must be (height, width, channels)."""
+    if input_shape is None:
+        return
+    shape = tuple(input_shape)
+    if len(shape) != 3 or None in shape or shape[2] not in shards.IMAGE_CHANNELS:
+        raise ModelError(
+            f"the features are encoded images, so the model's input shape must be (height, width, channels) "
+            f"with 1, 3 or 4 channels (images are resized to it), got {shape}; e.g. keras.Input((224, 224, 3))"
         )

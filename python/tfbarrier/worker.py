@@ -154,9 +154,40 @@ def _callbacks(channel, job, is_chief):
     return progress, epoch_log, callbacks
 
 
+def _resident_mb():
+    """(current, peak) resident memory of this process in MB."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return current / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _check_input(shard, input_shape):
+    """A model function's input shape is known only here."""
+    if shard.images:
+        validation.check_image_input(input_shape)
+    else:
+        validation.check_input_width(shard.width, input_shape)
+
+
+def _train(tf, model, dataset, shard, input_shape, **fit_args):
+    """``model.fit``; an image that does not decode becomes a ColumnError naming its row."""
+    try:
+        model.fit(dataset, verbose=0, **fit_args)
+    except tf.errors.OpError:
+        bad = shards.first_undecodable(shard, input_shape) if shard.images else None
+        if bad is None:
+            raise
+        raise ColumnError(
+            f"row {bad[0]} of this worker's partition does not decode as an image ({bad[1]}): the image "
+            "column must hold whole PNG, JPEG, GIF or BMP files; filter out the broken ones first"
+        ) from None
+
+
 def _fit(tf, job, config, channel, timings):
     index = config["tf_config"]["task"]["index"]
-    x, y = shards.read(config["shard"])
+    shard = shards.Shard.open(config["shard"], config["rows"])
     started = time.time()
     with _port_clash_is_retryable():
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -167,15 +198,17 @@ def _fit(tf, job, config, channel, timings):
     with strategy.scope():
         model = job.model.build()
     input_shape = tuple(model.input_shape[1:])
-    validation.check_input_width(x.shape[1], input_shape)  # a model function's shape is known only here
+    _check_input(shard, input_shape)
+    baseline_mb, _ = _resident_mb()
     seed = None if job.seed is None else job.seed + index
     dataset = strategy.distribute_datasets_from_function(
-        shards.dataset_fn(x, y, input_shape, job.batch_size, seed, job.shuffle)
+        shards.dataset_fn(shard, input_shape, job.batch_size, seed, job.shuffle, job.shuffle_buffer)
     )
     timings["strategy_and_model"] = time.time() - started
     progress, epoch_log, callbacks = _callbacks(channel, job, is_chief=index == 0)
     started = time.time()
-    model.fit(dataset, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"], verbose=0, callbacks=callbacks)
+    _train(tf, model, dataset, shard, input_shape, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"],
+           callbacks=callbacks)
     timings["training"] = time.time() - started
     if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
         timings["first_step"] = progress.first_step_at - started
@@ -184,7 +217,7 @@ def _fit(tf, job, config, channel, timings):
         "history": {key: [epoch[key] for epoch in epoch_log.epochs] for key in (epoch_log.epochs or [{}])[0]},
         "initial_epoch": epoch_log.initial_epoch or 0,
         "checksum": weights_checksum(weights),
-        "shard_checksum": weights_checksum([x, y]),
+        "memory": {"baseline_mb": baseline_mb, "peak_mb": _resident_mb()[1]},
         "steps": progress.steps,
         "first_step_at": progress.first_step_at,
         "finished_at": time.time(),
