@@ -8,18 +8,21 @@
 #'   [tf_spark_dataframe()] in the session of [tf_spark_connect()]), or a Parquet path.
 #' @param model A compiled Keras model built through reticulate or `keras3` (Keras 3 or tf_keras),
 #'   e.g. [tf_keras_cnn_example()].
-#' @param features One array column (e.g. a flat image, reshaped to the model's input shape) or
-#'   several numeric columns.
+#' @param features One array column (e.g. a flat image, reshaped to the model's input shape),
+#'   several numeric columns, or one binary column of encoded images (the `content` of
+#'   `tf_spark_dataframe(spark, dir, format = "binaryFile")`), decoded in the training processes and
+#'   resized to the model's `(height, width, channels)` input as values in 0-255.
 #' @param label A numeric column.
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
-#' @param ... Further arguments of `tfbarrier.fit()`: `seed`, `shuffle`, `steps_per_epoch`,
+#' @param ... Further arguments of `tfbarrier.fit()`: `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
 #'   `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`, `allow_unencrypted`,
 #'   `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
 #' @param spark The `SparkSession` to convert an R data.frame or a path in; by default the one of
 #'   [tf_spark_connect()].
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
-#'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker) and
+#'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker, with its
+#'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`) and
 #'   `attempts`. It has `print()`, `plot()` and `predict()` methods.
 #' @section Errors: Bad arguments and data are refused before any Spark job with an R error whose
 #'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,

@@ -4,7 +4,12 @@ new_fit <- function(result, features) {
   history <- as.data.frame(lapply(result$history, unlist))
   history <- cbind(epoch = seq_len(nrow(history)), history)
   fields <- c("index", "host", "port", "rows", "steps", "steps_per_epoch", "checksum")
-  workers <- do.call(rbind, lapply(result$workers, function(w) as.data.frame(w[fields], stringsAsFactors = FALSE)))
+  workers <- do.call(rbind, lapply(result$workers, function(w) {
+    row <- as.data.frame(w[fields], stringsAsFactors = FALSE)
+    row$baseline_mb <- w$memory$baseline_mb  # the training process's resident memory once set up...
+    row$peak_mb <- w$memory$peak_mb  # ...and at its peak
+    row
+  }))
   structure(
     list(
       model = result$model,

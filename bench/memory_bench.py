@@ -1,15 +1,16 @@
 """Peak resident memory of a training process against the size of its shard.
 
 A real 2-worker ``tfbarrier.fit`` (a small dense model, one pass over every row, global batch 1024)
-on rows x 784 float32 from Parquet: one file per worker, each read as one partition, so each worker's
-shard is that file's rows and the DataFrame needs no repartition. Every training process reports
+on rows x 784 float32 from Parquet (row groups of 20,000 rows; Spark's driver JVM gets 4 GB): one
+file per worker, each read as one partition, so each worker's shard is that file's rows and the
+DataFrame needs no repartition. Every training process reports
 its own resident memory once TensorFlow, the strategy and the model are set up (baseline) and its
 peak (``ru_maxrss``) at the end (``FitResult.workers[i]["memory"]``). Also sampled from outside every
 0.2 s (``psutil``), which is how the path before streaming (``--baseline-ref``, a git revision run
 from a worktree in build/, which reports no memory of its own) is measured.
 
-Each size runs in a process of its own (a fresh Spark): ``--one SIZE_GB [--source DIR]`` is that
-process's command line.
+Each size runs in a process of its own (a fresh Spark): ``--one SIZE_GB`` is that process's command
+line.
 
     .venv/bin/python bench/memory_bench.py [--gb 0.3 1 3] [--baseline-ref 74a8fa1 --baseline-gb 0.3]
 """
@@ -65,9 +66,9 @@ def one(size_gb):
     data = tempfile.mkdtemp(prefix="tfbarrier-bench-memory-")
     try:
         for worker in range(2):
-            write_parquet(os.path.join(data, f"part-{worker}.parquet"), rows, seed=worker, keep=False)
+            write_parquet(os.path.join(data, f"part-{worker}.parquet"), rows, chunk=20_000, seed=worker, keep=False)
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g")
                  .config("spark.sql.files.maxPartitionBytes", str(2 * rows * ROW_BYTES)).getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         df = spark.read.parquet(data)

@@ -5,7 +5,7 @@ import time
 
 import cloudpickle
 
-from . import cluster, gpus, progress, stage, validation
+from . import cluster, gpus, parquet_source, progress, stage, validation
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .job import JobSpec, pickle_user_code
@@ -23,8 +23,11 @@ class FitResult:
     model:    the trained Keras model, on the driver (same Keras as the model passed in; tf_keras for a
               model function)
     history:  per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}
-    timings:  seconds: data_shard, worker_start, rendezvous, strategy_and_model, first_step, training,
-              time_to_first_step (from the fit() call), total (the chief's, plus the driver's total)
+    timings:  seconds: prepare (the driver's checks, the data's profile included), stage_start (from
+              submitting the barrier stage to the chief's task starting: Spark's scheduling, and any
+              shuffle the data needs first), environment, data_shard, worker_start, rendezvous,
+              strategy_and_model, first_step, training (the chief's), time_to_first_step (from the
+              fit() call), total
     workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
               steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
@@ -91,6 +94,22 @@ class FitResult:
         )
 
 
+def _training_frame(data, layout, num_workers, input_shape):
+    """(the DataFrame of the barrier stage, the parquet_source.Source its tasks read or None), once the
+    data passed the checks. A plain Parquet scan that needs repartitioning is read by the tasks
+    themselves, profiled from its footers; any other DataFrame is profiled with one aggregate pass
+    and streamed by Spark, repartitioned unless it has ``num_workers`` partitions."""
+    frame = data.select(*layout.columns)
+    source = parquet_source.plan(frame, layout, num_workers)
+    profile = source.profile if source else validation.profile(frame, layout)
+    validation.check_profile(profile, layout, num_workers, input_shape)
+    if source:
+        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
+    if cluster.num_partitions(frame) != num_workers:
+        frame = frame.repartition(num_workers)
+    return frame, None
+
+
 def _python_env(spark, env):
     """Check ``env`` and ship an archive environment to the executors."""
     if env is None:
@@ -125,6 +144,9 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     data : pyspark.sql.DataFrame
         The training data; it is never collected to the driver. fit() makes one validation pass
         over it (rows, nulls, array lengths) before training: cache() it if it is costly to compute.
+        A plain Parquet scan of local files (``spark.read.parquet(path)``, columns selected at most)
+        with a partition count other than ``num_workers`` is instead read by the tasks themselves,
+        each a contiguous share of the rows, and checked from the files' footers.
     model : Keras model or callable
         A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
         that builds and compiles one with ``tf.keras`` (use this for custom layers).
@@ -202,27 +224,26 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     gpus.check_batch(batch_size, num_workers, gpus_per_worker)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
-    frame = data.select(*layout.columns)
-    validation.check_profile(validation.profile(frame, layout), layout, num_workers, spec.input_shape)
-    if cluster.num_partitions(frame) != num_workers:
-        frame = frame.repartition(num_workers)
+    frame, source = _training_frame(data, layout, num_workers, spec.input_shape)
     job = JobSpec(
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer,
-        tf_threads=tf_threads, callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
+        source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
         started_at=started,
     )
     server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, workers=num_workers,
                                      global_batch=batch_size)
     job.progress, job.verbose = server.endpoint, verbose
+    submitted = time.time()
     try:
         results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
     finally:
         server.close()
     chief = results[0]
     trained = spec.trained_model(model, chief.get("weights"), chief.get("archive"))
-    timings = dict(chief["timings"])
+    timings = {"prepare": submitted - started, "stage_start": chief["task_started_at"] - submitted,
+               **chief["timings"]}
     if chief["first_step_at"] is not None:
         timings["time_to_first_step"] = chief["first_step_at"] - started
     timings["total"] = time.time() - started

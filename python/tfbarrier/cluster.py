@@ -11,6 +11,7 @@ from .errors import ClusterError
 
 SLOT_WAIT = 15.0  # seconds to wait for executors to register before giving up on free slots
 WARM_START_CONF = "spark.tfbarrier.warmStart"
+DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"
 
 
 def is_connect(spark):
@@ -61,6 +62,12 @@ def warm_start(spark):
     return str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() != "false"
 
 
+def direct_parquet(spark):
+    """spark.tfbarrier.directParquet (default true): whether tasks read a plain Parquet scan themselves
+    (parquet_source.py)."""
+    return str(spark.conf.get(DIRECT_PARQUET_CONF, "true")).strip().lower() != "false"
+
+
 def driver_host(spark):
     """The address executors reach the driver at."""
     return spark.conf.get("spark.driver.host", "127.0.0.1")
@@ -69,6 +76,45 @@ def driver_host(spark):
 def num_partitions(df):
     """The DataFrame's partition count; None under Connect (no RDD to ask: callers repartition)."""
     return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
+
+
+def _simple_name(java_object):
+    return java_object.getClass().getSimpleName()
+
+
+def _is_plain_projection(node):
+    columns = node.projectList()
+    return all(_simple_name(columns.apply(i)) == "AttributeReference" for i in range(columns.size()))
+
+
+def plain_parquet_files(df):
+    """The local files of ``df`` when its plan is nothing but columns of a Parquet scan, repartitioned
+    at most (no filter, no computed column, no cache, no partition columns, only ``file:`` paths),
+    else None; always None under Connect, which shows no plan."""
+    import urllib.parse
+
+    from py4j.protocol import Py4JError
+
+    if is_connect(df.sparkSession):
+        return None
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan()
+        while _simple_name(plan) in ("Project", "Repartition", "RepartitionByExpression"):
+            if _simple_name(plan) == "Project" and not _is_plain_projection(plan):
+                return None
+            plan = plan.child()
+        if _simple_name(plan) != "LogicalRelation":
+            return None
+        relation = plan.relation()
+        if (_simple_name(relation) != "HadoopFsRelation" or _simple_name(relation.fileFormat()) != "ParquetFileFormat"
+                or relation.partitionSchema().length() > 0):
+            return None
+    except Py4JError:
+        return None
+    files = [urllib.parse.urlparse(uri) for uri in df.inputFiles()]
+    if not files or any(uri.scheme not in ("", "file") for uri in files):
+        return None
+    return sorted(urllib.parse.unquote(uri.path) for uri in files)
 
 
 def driver_resources(spark):

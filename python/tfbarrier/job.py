@@ -24,6 +24,7 @@ class JobSpec:
     # fit
     model: object = None  # ModelSpec
     layout: object = None  # shards.Layout
+    source: list = None  # per worker, the parquet_source.Slices its task reads; None: its partition
     epochs: int = 1
     batch_size: int = 32  # global batch size, split evenly across workers
     steps_per_epoch: int = None  # None: one pass over all rows per epoch

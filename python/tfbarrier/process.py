@@ -175,7 +175,7 @@ class TrainingProcess:
                 info = json.load(f)
         except (OSError, ValueError):
             pass
-        raised = getattr(errors, info.get("type", ""), None)
+        raised = getattr(errors, info.get("type", ""), None) if info.get("module") == errors.__name__ else None
         if isinstance(raised, type) and issubclass(raised, TfBarrierError) and not issubclass(raised, WorkerError):
             # An error in the model or the data: the same class as on the driver, never retried.
             return errors.from_worker(raised, f"worker {self.worker_index} on {self.host}: {info['message']}",

@@ -107,8 +107,16 @@ def write(batches, path, layout):
     """Stream the partition's Arrow record batches to ``path`` as (x, y). Returns (rows, checksum):
     the rows written and a digest of them, in order."""
     digest = hashlib.sha256()
+    widths = set()
 
     def checked(batch):
+        if layout.kind == ARRAY:
+            widths.add(batch.schema.field("x").type.list_size)
+            if len(widths) > 1:
+                raise ColumnError(
+                    f"feature column {layout.features[0]!r} holds arrays of different lengths "
+                    f"({min(widths)} to {max(widths)}); every row must have the same length (filter or pad first)"
+                )
         _digest(digest, batch)
         return batch
 

@@ -17,7 +17,7 @@ import time
 
 import pyarrow as pa
 
-from . import environment, errors, gpus, job as job_module, progress, rendezvous, shards, spares
+from . import environment, errors, gpus, job as job_module, parquet_source, progress, rendezvous, shards, spares
 from .errors import InvalidArgumentError, TfBarrierError, WorkerError
 from .process import LOG_FILE, TrainingProcess
 from .worker import JOB_FILE, RESULT_FILE
@@ -64,6 +64,7 @@ def _check_shards(peers):
 
 
 def _train(job, context, batches, workdir, reporter):
+    started = time.time()
     index = context.partitionId()
     host = rendezvous.task_host(context)
     reporter.event(f"task started on {host} (attempt {job.attempt})")
@@ -87,6 +88,8 @@ def _train(job, context, batches, workdir, reporter):
         shard = os.path.join(workdir, "shard.arrow")
         shard_checksum = None
         if job.kind == "fit":
+            if job.source is not None:  # a plain Parquet scan, read here rather than through Spark
+                batches = parquet_source.read(job.source[index], job.layout.columns)
             rows, shard_checksum = shards.write(batches, shard, job.layout)
         elif job.kind == "apply":
             rows = shards.write_partition(batches, shard)
@@ -118,7 +121,7 @@ def _train(job, context, batches, workdir, reporter):
     result["timings"].update(timings)
     result.update(index=index, host=host, port=port, rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps,
                   executor=context.getTaskInfos()[index].address, gpus=task_env["CUDA_VISIBLE_DEVICES"],
-                  environment=environment_info, warm_start=warm)
+                  environment=environment_info, warm_start=warm, task_started_at=started)
     return result
 
 

@@ -303,7 +303,8 @@ def _move_output(previous_log, workdir):
 
 
 def _write_error(workdir, exc):
-    info = {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()}
+    info = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
+            "traceback": traceback.format_exc()}
     with open(os.path.join(workdir, ERROR_FILE), "w") as f:
         json.dump(info, f)
 

@@ -80,3 +80,32 @@ def test_a_killed_worker_without_retries_is_reported_as_retryable(digits_df):
         fit(digits_df, epochs=2, callbacks=faults.kill_first_attempt(worker=0, epoch=1))
     assert failure.value.worker == 0 and failure.value.retryable
     assert training_processes() == []
+
+
+def model_function_refusing_its_input():
+    """A model function whose checks fail in the training process, where it runs."""
+    from tfbarrier.errors import ModelError
+
+    raise ModelError("this model function wants 3 channels")
+
+
+def test_a_tfbarrier_error_raised_in_a_training_process_keeps_its_class(digits_df):
+    from tfbarrier.errors import ModelError
+
+    with pytest.raises(ModelError, match="wants 3 channels") as caught:
+        tfbarrier.fit(digits_df, model_function_refusing_its_input, features="pixels", label="digit",
+                      num_workers=2, verbose=0)
+    assert caught.value.worker in (0, 1) and caught.value.host
+    assert "wants 3 channels" in caught.value.log
+    assert not isinstance(caught.value, WorkerError)
+    assert training_processes() == []
+
+
+def test_tensorflows_invalid_argument_error_is_a_worker_error_not_tfbarriers(digits_df):
+    from tfbarrier.errors import InvalidArgumentError
+
+    labels_out_of_range = digits_df.withColumn("digit", digits_df.digit + 100)
+    with pytest.raises(WorkerError, match="Received a label value of 1") as caught:
+        fit(labels_out_of_range, epochs=1, verbose=0)
+    assert caught.value.exc_type == "InvalidArgumentError"
+    assert not isinstance(caught.value, InvalidArgumentError)

@@ -1,0 +1,105 @@
+"""A plain Parquet scan is read by the barrier tasks themselves (parquet_source.py): which DataFrames
+qualify, the split of rows between workers, and a fit through it that runs no Spark job of its own
+besides the barrier stage."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tfbarrier
+from tfbarrier import parquet_source, validation
+from tfbarrier.errors import ColumnError
+
+WIDTH = 64
+
+
+def write_files(directory, sizes, row_group=40, with_null=False):
+    """Parquet files of ``sizes`` rows, numbered consecutively through the files (label = row number)."""
+    start = 0
+    for n, size in enumerate(sizes):
+        labels = np.arange(start, start + size)
+        pixels = [[float(v % 17) / 17] * WIDTH for v in labels]
+        if with_null:
+            pixels[0] = None
+        table = pa.table({"pixels": pixels, "label": labels, "other": ["x"] * size})
+        pq.write_table(table, f"{directory}/part-{n}.parquet", row_group_size=row_group)
+        start += size
+    return start
+
+
+def source_of(df, num_workers=2):
+    layout = validation.layout(df.schema, "pixels", "label")
+    return parquet_source.plan(df.select(*layout.columns), layout, num_workers), layout
+
+
+def test_rows_are_split_evenly_and_exactly_once_across_files_and_row_groups(spark, tmp_path):
+    total = write_files(tmp_path, [130, 7, 64])
+    source, layout = source_of(spark.read.parquet(str(tmp_path)).coalesce(1), num_workers=3)
+    assert source is not None
+    assert source.profile["rows"] == total and source.profile["min_length"] == WIDTH
+    read = [np.concatenate([b.column("label").to_numpy() for b in parquet_source.read(s, layout.columns)])
+            for s in source.slices]
+    assert [len(r) for r in read] == [67, 67, 67]
+    np.testing.assert_array_equal(np.concatenate(read), np.arange(total))  # contiguous, in order, once each
+
+
+@pytest.mark.parametrize("change", [
+    lambda df: df.filter("label > 3"),
+    lambda df: df.withColumn("label", df.label * 2),
+    lambda df: df.cache(),
+    lambda df: df.repartition(2),
+])
+def test_anything_but_a_plain_scan_goes_through_spark(spark, tmp_path, change):
+    write_files(tmp_path, [50, 50])
+    assert source_of(change(spark.read.parquet(str(tmp_path)).coalesce(1)))[0] is None
+
+
+def test_the_direct_read_can_be_turned_off(spark, tmp_path):
+    write_files(tmp_path, [50, 50])
+    df = spark.read.parquet(str(tmp_path)).coalesce(1)
+    spark.conf.set("spark.tfbarrier.directParquet", "false")
+    try:
+        assert source_of(df)[0] is None
+    finally:
+        spark.conf.unset("spark.tfbarrier.directParquet")
+    assert source_of(df)[0] is not None
+
+
+def test_a_scan_that_already_has_one_partition_per_worker_keeps_its_partitions(spark, tmp_path):
+    write_files(tmp_path, [50, 50])
+    df = spark.read.parquet(str(tmp_path))
+    assert df.rdd.getNumPartitions() == 2 and source_of(df)[0] is None
+    assert source_of(df.coalesce(1))[0] is not None
+
+
+def test_nulls_in_the_footers_send_the_data_through_spark_and_its_checks(spark, tmp_path):
+    write_files(tmp_path, [50, 50], with_null=True)
+    df = spark.read.parquet(str(tmp_path)).coalesce(1)
+    assert source_of(df)[0] is None
+    with pytest.raises(ColumnError, match="column 'pixels' has 2 null value"):
+        tfbarrier.fit(df, lambda: None, features="pixels", label="label")
+
+
+def jobs_outside_groups(spark):
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def test_fit_on_a_plain_scan_reads_it_in_the_tasks_with_no_other_spark_job(spark, tmp_path):
+    import keras
+
+    total = write_files(tmp_path, [300, 211], row_group=64)
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    plain = spark.read.parquet(str(tmp_path)).coalesce(1)
+
+    before = jobs_outside_groups(spark)
+    result = tfbarrier.fit(plain, model, features="pixels", label="label", batch_size=32, verbose=0)
+    assert jobs_outside_groups(spark) == before  # no profile pass, no repartition: only the barrier stage
+    assert [w["rows"] for w in result.workers] == [256, 255]
+    assert result.workers[0]["shard_checksum"] != result.workers[1]["shard_checksum"]
+    assert result.timings["prepare"] >= 0 and result.timings["stage_start"] >= 0
+
+    filtered = plain.filter(f"label < {total}")  # the same rows, but not a plain scan
+    tfbarrier.fit(filtered, model, features="pixels", label="label", batch_size=32, verbose=0)
+    assert jobs_outside_groups(spark) > before  # the profile pass: the check above can fail

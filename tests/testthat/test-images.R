@@ -1,0 +1,40 @@
+# Encoded images from R: a directory of PNG files read with format = "binaryFile", the label from the
+# path, decoded in the training processes (fit) and on the executors (predict).
+
+write_digit_pngs <- function(dir, data) {
+  for (i in seq_len(nrow(data))) {
+    class_dir <- file.path(dir, data$digit[i])
+    dir.create(class_dir, showWarnings = FALSE, recursive = TRUE)
+    grDevices::png(file.path(class_dir, sprintf("img_%d.png", i)), width = 8, height = 8)
+    graphics::par(mar = c(0, 0, 0, 0))
+    graphics::plot.new()
+    pixels <- matrix(data$pixels[i, ], 8, 8, byrow = TRUE)
+    graphics::rasterImage(grDevices::as.raster(pixels), 0, 0, 1, 1, interpolate = FALSE)
+    grDevices::dev.off()
+  }
+}
+
+test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG files", {
+  skip_if_no_tfbarrier()
+  data <- digits_split()$train[1:200, ]
+  dir <- tempfile("digits-png-")
+  write_digit_pngs(dir, data)
+  spark <- test_spark()
+  F <- reticulate::import("pyspark.sql.functions")
+  sdf <- tf_spark_dataframe(spark, dir, format = "binaryFile")
+  expect_equal(sdf$count(), 200)
+  sdf <- sdf$withColumn("digit", F$regexp_extract("path", "/(\\d+)/[^/]+$", 1L)$cast("int"))
+
+  keras <- reticulate::import("keras")
+  model <- keras$Sequential(list(keras$Input(shape = c(8L, 8L, 1L)), keras$layers$Rescaling(1 / 255),
+                                 keras$layers$Flatten(), keras$layers$Dense(10L)))
+  model$compile(optimizer = "adam", loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
+  fit <- spark_tf_fit(sdf, model, features = "content", label = "digit", epochs = 1, batch_size = 32,
+                      num_workers = 2, verbose = 0, spark = spark)
+  expect_equal(sum(fit$workers$rows), 200)
+  expect_true(all(fit$workers$peak_mb >= fit$workers$baseline_mb))
+
+  scored <- spark_tf_predict(sdf, fit, spark = spark)$select("prediction")$toPandas()
+  expect_equal(nrow(scored), 200)
+  expect_true(all(scored$prediction %in% 0:9))
+})
