@@ -62,13 +62,18 @@ $(BENCH_SITE)/.installed: $(STAMP)
 	$(PIP) install -q --no-deps --target $(BENCH_SITE) spark-tensorflow-distributor==1.0.0
 	touch $@
 
-# Each script rewrites its table in bench/README.md (about an hour in all on 2 cores).
+# The revision before shards were streamed: fit_bench and memory_bench run it next to this tree.
+STREAMING_BASELINE := 74a8fa1
+
+# Each script rewrites its table in bench/README.md (about an hour and a half in all on 2 cores).
 bench: venv $(BENCH_SITE)/.installed
-	$(BENCH_PY) bench/fit_bench.py --model cnn
+	$(BENCH_PY) bench/fit_bench.py --model cnn --baseline-ref $(STREAMING_BASELINE)
 	$(BENCH_PY) bench/fit_bench.py --model large
 	$(PY) bench/gap_bench.py
 	$(BENCH_PY) bench/scaling_bench.py
-	$(PY) bench/feed_bench.py --rows 100000  # 1e6 rows in one partition: out of memory on 24 GiB (bench/README.md)
+	$(PY) bench/feed_bench.py --rows 100000 1000000
+	$(PY) bench/memory_bench.py --gb 0.3 1 3 --baseline-ref $(STREAMING_BASELINE) --baseline-gb 0.3
+	$(PY) bench/first_step_bench.py
 	$(PY) bench/env_bench.py
 	$(PY) bench/predict_bench.py
 

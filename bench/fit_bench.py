@@ -14,6 +14,8 @@ finished step and to the return; throughput counts the samples of epochs 2.. ove
 The peers read the rows from .npy files; tfbarrier reads them from the DataFrame.
 
     PYTHONPATH=build/bench-site .venv/bin/python bench/fit_bench.py [--model cnn|large] [--rounds 3]
+        [--baseline-ref REV]   also tfbarrier.fit of git revision REV (and of this tree), each driven
+                               from a process of its own: their throughput side by side
 """
 
 import argparse
@@ -147,6 +149,32 @@ def tfbarrier_fit(df, job, tf_threads=None, timings=None, steps_per_execution=1)
     return run
 
 
+def tfbarrier_fit_in_own_process(job, source=None):
+    """tfbarrier.fit driven by this script's ``--one-fit`` in a process, with a Spark, of its own; with
+    ``source`` (an older revision's sources, see harness.worktree) first on its PYTHONPATH. Its start-up
+    includes Spark's: compare its throughput only."""
+    def run(clock):
+        env = dict(os.environ)
+        if source:
+            env["PYTHONPATH"] = os.pathsep.join([source, env["PYTHONPATH"]])
+        subprocess.run([sys.executable, __file__, "--one-fit", clock, "--data", job.data, "--model", job.model,
+                        "--batch", str(job.batch), "--steps", str(job.steps), "--epochs", str(job.epochs)],
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+    return run
+
+
+def one_fit(args):
+    """The ``--one-fit CLOCK`` process: one tfbarrier.fit of the workload in ``args.data``."""
+    import numpy as np
+
+    job = Job(args, args.data)
+    spark = spark_session("local[2]")
+    df = dataframe(spark, np.load(os.path.join(args.data, "x.npy")), np.load(os.path.join(args.data, "y.npy")),
+                   job.workers)
+    tfbarrier_fit(df, job)(args.one_fit)
+    spark.stop()
+
+
 def spark_session(master):
     from pyspark.sql import SparkSession
 
@@ -171,8 +199,14 @@ def main():
     parser.add_argument("--batch", type=int, default=64, help="per-worker batch")
     parser.add_argument("--steps", type=int, default=None, help="steps per epoch (default: cnn 60, large 15)")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--baseline-ref", help="also run tfbarrier.fit of this git revision (and this tree's) "
+                                               "each in a process of its own, for their throughput")
+    parser.add_argument("--one-fit", metavar="CLOCK", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.steps = args.steps or {"cnn": 60, "large": 15}[args.model]
+    if args.one_fit:
+        return one_fit(args)
 
     data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
     job = Job(args, data)
@@ -187,6 +221,10 @@ def main():
         "barrier job by hand": barrier_by_hand(spark, job),
         "tfbarrier.fit": tfbarrier_fit(df, job, timings=fit_timings),
     }
+    if args.baseline_ref:
+        contenders["tfbarrier.fit, own process"] = tfbarrier_fit_in_own_process(job)
+        contenders[f"tfbarrier.fit @ {args.baseline_ref}, own process"] = tfbarrier_fit_in_own_process(
+            job, harness.worktree(args.baseline_ref))
     log = lambda line: print(line, flush=True)  # noqa: E731
     for name, run in contenders.items():  # warm-up: Spark's Python workers, imports, page cache
         log(f"warm-up {name}: {job.measure(run)}")
@@ -207,12 +245,18 @@ def main():
     floor = "2 processes, no Spark (floor)"
     body = (f"## Fit, {args.model} model: time to first step, total, throughput\n\n"
             f"`PYTHONPATH=build/bench-site .venv/bin/python bench/fit_bench.py --model {args.model} "
-            f"--rounds {args.rounds}`: {job.workers} workers, per-worker batch {job.batch} (global {job.global_batch}), "
+            f"--rounds {args.rounds}"
+            + (f" --baseline-ref {args.baseline_ref}" if args.baseline_ref else "")
+            + f"`: {job.workers} workers, per-worker batch {job.batch} (global {job.global_batch}), "
             f"{job.steps} steps x {job.epochs} epochs on {len(x):,} random 28x28 images; Spark `local[2]` "
             "already up; one warm-up run of each contender first. Each round runs every contender twice in a "
             "row: the first run comes after the other contenders' (over a minute, so Spark has retired the "
             "idle Python workers of its pool, and with them tfbarrier's spare processes and "
-            "spark-tensorflow-distributor's imported TensorFlow), the second right after the first.\n\n"
+            "spark-tensorflow-distributor's imported TensorFlow), the second right after the first."
+            + (" The two \"own process\" contenders drive tfbarrier.fit from a process with a Spark of its "
+               f"own, this tree's and revision {args.baseline_ref}'s: their times include Spark's start-up, "
+               "so compare their throughput." if args.baseline_ref else "")
+            + "\n\n"
             "Time to first step, right after its own previous run (s, from the call to worker 0's first "
             "finished step):\n\n"
             + harness.metric_table(again, "first_step", "s", floor)

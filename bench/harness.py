@@ -9,6 +9,19 @@ import time
 from datetime import date
 
 README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worktree(ref):
+    """The Python sources (``python/``) of git revision ``ref``, checked out under build/: how a
+    benchmark runs an older tfbarrier next to this one (put it first on PYTHONPATH)."""
+    import subprocess
+
+    path = os.path.join(ROOT, "build", f"worktree-{ref}")
+    if not os.path.exists(path):
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, ref], check=True,
+                       stdout=subprocess.DEVNULL)
+    return os.path.join(path, "python")
 
 
 def interleaved(contenders, rounds):

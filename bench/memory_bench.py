@@ -26,7 +26,6 @@ import threading
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(BENCH)
 WIDTH, BATCH, BOUND_MB = 784, 1024, 512
 ROW_BYTES = WIDTH * 4 + 8
 
@@ -88,15 +87,6 @@ def one(size_gb):
           flush=True)
 
 
-def worktree(ref):
-    """The Python sources of git revision ``ref``, checked out under build/."""
-    path = os.path.join(ROOT, "build", f"worktree-{ref}")
-    if not os.path.exists(path):
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, ref], check=True,
-                       stdout=subprocess.DEVNULL)
-    return os.path.join(path, "python")
-
-
 def measure(size_gb, source=None):
     """Run ``one`` in a process of its own (``source``: tfbarrier's sources to import instead)."""
     env = dict(os.environ)
@@ -145,7 +135,7 @@ def main():
         lines.append(row("streaming (this tree)", size_gb, measure(size_gb)))
         print(lines[-1], flush=True)
     if args.baseline_ref:
-        source = worktree(args.baseline_ref)
+        source = harness.worktree(args.baseline_ref)
         for size_gb in args.baseline_gb:
             lines.append(row(f"in memory ({args.baseline_ref})", size_gb, measure(size_gb, source)))
             print(lines[-1], flush=True)

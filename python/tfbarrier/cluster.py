@@ -62,6 +62,25 @@ def warm_start(spark):
     return str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() != "false"
 
 
+def file_partitions(df):
+    """Spark's own split of a plain file scan (see ``plain_parquet_files``) into its partitions: per
+    partition, the (local path, first byte, bytes) ranges of files it reads, in order; None if the plan
+    cannot tell."""
+    import urllib.parse
+
+    from py4j.protocol import Py4JError
+
+    try:
+        leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
+        if leaves.size() != 1 or _simple_name(leaves.apply(0)) != "FileSourceScanExec":
+            return None
+        partitions = leaves.apply(0).inputRDD().filePartitions()
+        return [[(urllib.parse.unquote(urllib.parse.urlparse(f.filePath().toString()).path), f.start(), f.length())
+                 for f in partitions.apply(i).files()] for i in range(partitions.size())]
+    except Py4JError:
+        return None
+
+
 def direct_parquet(spark):
     """spark.tfbarrier.directParquet (default true): whether tasks read a plain Parquet scan themselves
     (parquet_source.py)."""

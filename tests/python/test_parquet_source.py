@@ -66,11 +66,33 @@ def test_the_direct_read_can_be_turned_off(spark, tmp_path):
     assert source_of(df)[0] is not None
 
 
-def test_a_scan_that_already_has_one_partition_per_worker_keeps_its_partitions(spark, tmp_path):
-    write_files(tmp_path, [50, 50])
-    df = spark.read.parquet(str(tmp_path))
-    assert df.rdd.getNumPartitions() == 2 and source_of(df)[0] is None
-    assert source_of(df.coalesce(1))[0] is not None
+def test_a_scan_with_one_partition_per_worker_is_read_as_spark_partitions_it(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    write_files(tmp_path, [50, 30, 20, 45])
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(2**30))  # whole files, packed by Spark
+    try:
+        df = spark.read.parquet(str(tmp_path))
+        source, layout = source_of(df)
+        spark_rows = (df.select("label", F.spark_partition_id().alias("partition")).toPandas()
+                      .groupby("partition")["label"].apply(list).to_dict())
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert df.rdd.getNumPartitions() == 2 and source is not None
+    for worker, slices in enumerate(source.slices):
+        labels = [label for b in parquet_source.read(slices, layout.columns) for label in b.column("label").to_pylist()]
+        assert labels == spark_rows[worker]
+
+
+def test_a_scan_whose_partitions_split_files_goes_through_spark(spark, tmp_path):
+    write_files(tmp_path, [400])
+    size = (tmp_path / "part-0.parquet").stat().st_size
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(size // 2 + 1))  # the file split in two
+    try:
+        df = spark.read.parquet(str(tmp_path))
+        assert df.rdd.getNumPartitions() == 2 and source_of(df)[0] is None
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
 
 def test_nulls_in_the_footers_send_the_data_through_spark_and_its_checks(spark, tmp_path):
