@@ -50,11 +50,14 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
 #'   row), a path (read with the data source `format`), a `pyspark` DataFrame (returned as is), or a
 #'   sparklyr `tbl_spark`.
 #' @param format The Spark data source a path is read with: `"parquet"` (the default), or
-#'   `"binaryFile"` for a directory of image files. Its `content` column holds each encoded image (PNG,
-#'   JPEG, GIF, BMP), which [spark_tf_fit()] and [spark_tf_predict()] take as the features (decoded
-#'   in the training processes); its `path` column is where a label usually comes from, e.g.
+#'   `"binaryFile"` for a directory of image files, read with its sub-folders (`recursiveFileLookup`).
+#'   Its `content` column holds each encoded image (PNG, JPEG, GIF, BMP), which [spark_tf_fit()] and
+#'   [spark_tf_predict()] take as the features (decoded in the training processes); its `path`
+#'   column is where a label usually comes from, e.g.
 #'   `sdf$withColumn("label", F$regexp_extract("path", "/(\\d+)/[^/]+$", 1L)$cast("int"))` with
 #'   `F <- reticulate::import("pyspark.sql.functions")`.
+#' @param options A named list of the data source's options for a path, e.g.
+#'   `list(pathGlobFilter = "*.png")`.
 #' @section sparklyr: A `tbl_spark` of a Python-backed connection (pysparklyr: Spark Connect,
 #'   Databricks) is a pyspark DataFrame underneath and is used as it is. Any other `tbl_spark` lives in
 #'   sparklyr's own JVM, not in the one tfbarrier's pyspark drives. It crosses over through Parquet: sparklyr writes it to `getOption("tfbarrier.exchange_dir")`
@@ -62,12 +65,15 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
 #'   mode; a shared file system such as HDFS or S3 on a cluster), and pyspark reads it from there.
 #' @return A `pyspark.sql.DataFrame`.
 #' @export
-tf_spark_dataframe <- function(spark, data, format = "parquet") {
+tf_spark_dataframe <- function(spark, data, format = "parquet", options = list()) {
   if (inherits(data, "python.builtin.object")) {
     return(data)
   }
   if (is.character(data) && length(data) == 1) {
-    return(tf_call(spark$read$format(format)$load(data)))
+    if (identical(format, "binaryFile") && is.null(options$recursiveFileLookup)) options$recursiveFileLookup <- "true"
+    reader <- spark$read$format(format)
+    for (name in names(options)) reader <- reader$option(name, options[[name]])
+    return(tf_call(reader$load(data)))
   }
   if (inherits(data, "tbl_pyspark")) {
     # A Python-backed sparklyr connection (pysparklyr) holds a pyspark DataFrame already.

@@ -1,10 +1,11 @@
 """Data feed: rows/s and MB/s from a Spark DataFrame partition to batches of a tf.data pipeline, by
 tfbarrier's path (the task streams the partition's Arrow batches into a shard file, the training
 process streams it back record batch by record batch) against toPandas() + from_tensor_slices on the
-driver, and against the same rows already in memory as a NumPy array (the limit). One partition, one
+driver, against the path of a plain Parquet scan (the task reads the file with pyarrow itself), and
+against the same rows already in memory as a NumPy array (the limit). One partition, one
 process each; batches of 64 (no shuffle) drained in graph mode, as Keras drains them: tfbarrier's
 streaming pipeline for the shard, from_tensor_slices for arrays in memory. The DataFrame is read from
-a Parquet file (rows x 784 float32 + a label). A fourth line times Spark's part alone (the
+a Parquet file (rows x 784 float32 + a label). One more line times Spark's part alone (the
 partition's Arrow batches reaching the Python worker, then dropped).
 
     .venv/bin/python bench/feed_bench.py [--rows 100000 1000000] [--rounds 3]
@@ -92,6 +93,28 @@ def shard_path(df, layout):
     return run
 
 
+def direct_path(spark, path, layout):
+    """tfbarrier's feed for a plain Parquet scan, in one Spark task: the file's rows read by the task
+    with pyarrow (parquet_source.py) -> Arrow shard file -> streamed into tf.data."""
+
+    def feed(_):
+        from tfbarrier import parquet_source, shards
+
+        workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-direct-")
+        try:
+            shard = os.path.join(workdir, "shard.arrow")
+            whole_file = [parquet_source.Slice(path, 0, pq.read_metadata(path).num_rows)]
+            rows, _ = shards.write(parquet_source.read(whole_file, layout.columns), shard, layout)
+            drained = drain_shard(shards.Shard.open(shard, rows))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        yield pa.RecordBatch.from_pydict({"rows": [rows], "batches": [drained]})
+
+    def run():
+        return spark.range(0, 1, numPartitions=1).mapInArrow(feed, "rows long, batches long").collect()[0]["rows"]
+    return run
+
+
 def spark_to_python(df):
     """Only the part Spark does: the partition's Arrow batches arrive in the Python worker, and are dropped."""
 
@@ -147,6 +170,7 @@ def main():
         layout = validation.layout(df.schema, "pixels", "label")
         contenders = {
             "tfbarrier shard (Spark partition -> Arrow file -> streamed)": shard_path(df, layout),
+            "tfbarrier direct read (pyarrow in the task -> Arrow file -> streamed)": direct_path(spark, path, layout),
             "Spark partition -> Python worker only": spark_to_python(df),
             "toPandas() + from_tensor_slices": to_pandas_path(df),
             "NumPy array in memory (limit)": in_memory(x, y),

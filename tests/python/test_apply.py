@@ -46,8 +46,9 @@ def test_apply_reports_the_functions_error(spark):
 
 def test_apply_names_missing_result_columns(spark):
     df = spark.createDataFrame(pd.DataFrame({"x": np.arange(4.0)}))
-    with pytest.raises(WorkerError, match=r"the function's result has no column\(s\) \['y'\]"):
+    with pytest.raises(ColumnError, match=r"the function's result has no column\(s\) \['y'\]") as caught:
         tfbarrier.apply(df, lambda p, b: pd.DataFrame({"x": [1]}), num_workers=2, columns={"y": "int32"})
+    assert caught.value.worker in (0, 1)  # raised in a training process, with its class
 
 
 def test_spark_frame_builds_array_and_scalar_columns(spark):

@@ -38,3 +38,22 @@ test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG 
   expect_equal(nrow(scored), 200)
   expect_true(all(scored$prediction %in% 0:9))
 })
+
+test_that("an image that does not decode is a ColumnError in R, raised in a training process", {
+  skip_if_no_tfbarrier()
+  dir <- tempfile("digits-broken-")
+  write_digit_pngs(dir, digits_split()$train[1:40, ])
+  writeBin(as.raw(1:30), file.path(dir, "3", "img_broken.png"))
+  F <- reticulate::import("pyspark.sql.functions")
+  sdf <- tf_spark_dataframe(test_spark(), dir, format = "binaryFile")$
+    withColumn("digit", F$regexp_extract("path", "/(\\d+)/[^/]+$", 1L)$cast("int"))
+  keras <- reticulate::import("keras")
+  model <- keras$Sequential(list(keras$Input(shape = c(8L, 8L, 1L)), keras$layers$Flatten(), keras$layers$Dense(10L)))
+  model$compile(optimizer = "adam", loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
+  err <- expect_error(
+    spark_tf_fit(sdf, model, features = "content", label = "digit", batch_size = 8, num_workers = 2, verbose = 0,
+                 spark = test_spark()),
+    "does not decode as an image", class = "ColumnError"
+  )
+  expect_s3_class(err, "TfBarrierError")
+})
