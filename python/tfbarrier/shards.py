@@ -6,8 +6,8 @@ bounded by one Spark batch. ``x`` is a fixed-size list of float32 (one flat feat
 or, for encoded images, the image file's bytes.
 
 The training process streams that file into tf.data one record batch at a time and never holds the
-whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
-bounded shuffle buffer, and decodes images in a parallel map. The file is read with ``pread``, not
+whole shard: each pass reads the record batches in a fresh seeded order (their rows permuted too),
+mixes rows through a bounded shuffle buffer, and decodes images in a parallel map. The file is read with ``pread``, not
 memory-mapped: mapped pages count in a process's resident memory until it unmaps them.
 """
 
@@ -199,12 +199,16 @@ class Shard:
                 x = x.to_numpy(zero_copy_only=False) if self.images else to_numpy(x)
                 yield x, batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
 
-    def pass_order(self, shuffle, seed, pass_number):
-        """The record batches' order in one pass: as written, or a permutation seeded by (seed, pass)."""
+    def one_pass(self, shuffle, seed, pass_number):
+        """(x, y) of every row once: the record batches as written, or, with ``shuffle``, in an order
+        and with their rows permuted afresh for each pass (seeded by ``seed`` and the pass number)."""
         if not shuffle:
-            return np.arange(self.record_batches)
-        entropy = None if seed is None else [seed, pass_number]
-        return np.random.default_rng(entropy).permutation(self.record_batches)
+            yield from self.batches(range(self.record_batches))
+            return
+        rng = np.random.default_rng(None if seed is None else [seed, int(pass_number)])
+        for x, y in self.batches(rng.permutation(self.record_batches)):
+            rows = rng.permutation(len(y))
+            yield x[rows], y[rows]
 
     def shuffle_buffer(self, requested, batch):
         """Rows in the shuffle buffer: ``requested``, or by default SHUFFLE_BUFFER_ROWS but no more than
@@ -261,7 +265,7 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
     signature = (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)))
 
     def one_pass_batches(pass_number):
-        for x, y in shard.batches(shard.pass_order(shuffle, seed, pass_number)):
+        for x, y in shard.one_pass(shuffle, seed, pass_number):
             yield (x if shard.images else x.reshape((-1, *input_shape))), y
 
     def make(input_context):
@@ -271,8 +275,9 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
         def one_pass(pass_number):
             rows = tf.data.Dataset.from_generator(one_pass_batches, args=(pass_number,),
                                                   output_signature=signature).unbatch()
-            if shuffle:  # within the pass: every row once per pass
-                rows = rows.shuffle(buffer, seed=None if seed is None else seed + pass_number)
+            if shuffle:  # within the pass, so every row comes once per pass. The seed stays a Python
+                # int (a tensor seed breaks once a global seed of 0 is set): one_pass varies the input.
+                rows = rows.shuffle(buffer, seed=seed)
             return rows
 
         ds = tf.data.Dataset.range(np.iinfo(np.int64).max).flat_map(one_pass)

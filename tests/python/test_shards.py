@@ -92,3 +92,15 @@ def test_default_shuffle_buffer_is_bounded_in_rows_and_bytes(tmp_path):
                               bytes_per_row=100_000)
     assert big_images.shuffle_buffer(None, batch=64) == shards.SHUFFLE_BUFFER_BYTES // 100_000
     assert big_images.shuffle_buffer(5, batch=64) == 64  # at least one batch
+
+
+def test_seed_zero_with_the_global_seed_set_as_the_workers_set_it(tmp_path, small_record_batches):
+    import tensorflow as tf
+
+    shard = write_shard(tmp_path, "a", 60)
+    tf.random.set_seed(0)  # what tf_keras.utils.set_random_seed(0) does in a training process
+    try:
+        labels = np.concatenate([y for _, y in batches_of(shard, 24, 5, seed=0, shuffle=True)])
+    finally:
+        tf.random.set_seed(None)
+    assert sorted(labels[:60]) == list(range(60))
