@@ -96,9 +96,9 @@ class FitResult:
 
 def _training_frame(data, layout, num_workers, input_shape):
     """(the DataFrame of the barrier stage, the parquet_source.Source its tasks read or None), once the
-    data passed the checks. A plain Parquet scan that needs repartitioning is read by the tasks
-    themselves, profiled from its footers; any other DataFrame is profiled with one aggregate pass
-    and streamed by Spark, repartitioned unless it has ``num_workers`` partitions."""
+    data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
+    its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
+    pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions."""
     frame = data.select(*layout.columns)
     source = parquet_source.plan(frame, layout, num_workers)
     profile = source.profile if source else validation.profile(frame, layout)
@@ -145,8 +145,9 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         The training data; it is never collected to the driver. fit() makes one validation pass
         over it (rows, nulls, array lengths) before training: cache() it if it is costly to compute.
         A plain Parquet scan of local files (``spark.read.parquet(path)``, columns selected at most)
-        with a partition count other than ``num_workers`` is instead read by the tasks themselves,
-        each a contiguous share of the rows, and checked from the files' footers.
+        is instead read by the tasks themselves with pyarrow and checked from the files' footers:
+        each task reads its Spark partition's files when the scan has ``num_workers`` partitions,
+        else a contiguous, even share of the rows (README, "Large data and images").
     model : Keras model or callable
         A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
         that builds and compiles one with ``tf.keras`` (use this for custom layers).
@@ -171,7 +172,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         Rows each worker mixes at a time when ``shuffle`` is on. A shard is streamed, never held whole:
         each pass reads its record batches (about 4 MB each) in a fresh random order and draws rows
         from a buffer of this many. Memory: this many rows' bytes. Default: 10,000 rows, but no more
-        than 64 MB of them (for example 10,000 rows of 784 float32, or 640 encoded images of 100 kB).
+        than 64 MB of them (for example 10,000 rows of 784 float32, or about 670 encoded images of 100 kB).
     tf_threads : int, optional
         Intra-op threads per training process. Default: the CPUs Spark gives each task.
     callbacks : callable, optional

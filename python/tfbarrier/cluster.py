@@ -63,7 +63,7 @@ def warm_start(spark):
 
 
 def file_partitions(df):
-    """Spark's own split of a plain file scan (see ``plain_parquet_files``) into its partitions: per
+    """Spark's own split of a plain file scan (see ``plain_parquet_scan``) into its partitions: per
     partition, the (local path, first byte, bytes) ranges of files it reads, in order; None if the plan
     cannot tell."""
     import urllib.parse
@@ -106,21 +106,24 @@ def _is_plain_projection(node):
     return all(_simple_name(columns.apply(i)) == "AttributeReference" for i in range(columns.size()))
 
 
-def plain_parquet_files(df):
-    """The local files of ``df`` when its plan is nothing but columns of a Parquet scan, repartitioned
-    at most (no filter, no computed column, no cache, no partition columns, only ``file:`` paths),
-    else None; always None under Connect, which shows no plan."""
+def plain_parquet_scan(df):
+    """(local files, repartitioned) when ``df``'s plan is nothing but columns of a Parquet scan,
+    repartitioned at most (no filter, no computed column, no cache, no partition columns, only
+    ``file:`` paths); ``repartitioned`` says whether a repartition or coalesce stands on top. Else
+    None; always None under Connect, which shows no plan."""
     import urllib.parse
 
     from py4j.protocol import Py4JError
 
     if is_connect(df.sparkSession):
         return None
+    repartitioned = False
     try:
         plan = df._jdf.queryExecution().optimizedPlan()
         while _simple_name(plan) in ("Project", "Repartition", "RepartitionByExpression"):
             if _simple_name(plan) == "Project" and not _is_plain_projection(plan):
                 return None
+            repartitioned = repartitioned or _simple_name(plan) != "Project"
             plan = plan.child()
         if _simple_name(plan) != "LogicalRelation":
             return None
@@ -133,7 +136,7 @@ def plain_parquet_files(df):
     files = [urllib.parse.urlparse(uri) for uri in df.inputFiles()]
     if not files or any(uri.scheme not in ("", "file") for uri in files):
         return None
-    return sorted(urllib.parse.unquote(uri.path) for uri in files)
+    return sorted(urllib.parse.unquote(uri.path) for uri in files), repartitioned
 
 
 def driver_resources(spark):

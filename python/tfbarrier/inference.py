@@ -117,8 +117,9 @@ def _raw_outputs(model, x, batch_size):
 
 
 def _image_outputs(model, rows, input_shape, batch_size, offset):
-    """Raw outputs for encoded images (decoded in a parallel tf.data map); an image that does not
-    decode is a ColumnError naming its row in the partition (``offset``: rows before this batch)."""
+    """Raw outputs for encoded images (decoded in a parallel tf.data map). An image that does not
+    decode fails the Spark task with a ColumnError naming its row in the partition (``offset``: rows
+    before this batch); the driver sees it in the failed job's Python traceback."""
     import tensorflow as tf
 
     images = (tf.data.Dataset.from_tensor_slices(rows)

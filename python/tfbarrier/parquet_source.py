@@ -1,7 +1,7 @@
 """A plain Parquet scan, read by the barrier tasks themselves.
 
-When ``fit``'s DataFrame is nothing but columns of local Parquet files (``cluster.plain_parquet_files``),
-each task reads its rows with pyarrow. When the scan has ``num_workers`` partitions, a task reads
+When ``fit``'s DataFrame is nothing but columns of local Parquet files (``cluster.plain_parquet_scan``),
+each task reads its rows with pyarrow. When the bare scan has ``num_workers`` partitions, a task reads
 exactly the files Spark's partition would have read; otherwise, since they would have been reshuffled
 into ``num_workers`` anyway (a repartition of the user's on top changes nothing then), each task reads
 a contiguous, even share of the files' rows. That skips Spark's whole row path for the training
@@ -9,8 +9,10 @@ data: its Parquet reader, the repartition shuffle and the JVM's Arrow export (ab
 against 340-850 MB/s for pyarrow). It also skips the driver's aggregate pass over the data: row
 counts and nulls come from the files' footers, the array width from the first row (each task checks
 the rest as it writes its shard). A scan whose ``num_workers`` partitions split a file (files larger
-than ``spark.sql.files.maxPartitionBytes``) goes through Spark; so does one whose footers cannot vouch
-for the absence of nulls, and every DataFrame when ``spark.tfbarrier.directParquet`` is false.
+than ``spark.sql.files.maxPartitionBytes``) goes through Spark; so does a repartition or coalesce to
+``num_workers`` partitions (its rows per partition cannot be known here), a file whose types differ
+from Spark's schema or whose footer cannot vouch for the absence of nulls, and every DataFrame when
+``spark.tfbarrier.directParquet`` is false.
 """
 
 import dataclasses
@@ -76,27 +78,53 @@ def _split(files, rows, num_workers):
     return slices
 
 
+def _same_type(a, b):
+    """Arrow types equal but for the name of a list's item field (Spark and Parquet writers differ)."""
+    import pyarrow as pa
+
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return _same_type(a.value_type, b.value_type)
+    return a == b
+
+
+def _footer(path, spark_types):
+    """The file's metadata when its columns have Spark's types, else None (also for a file that cannot
+    be read: Spark has its own ways with those)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_metadata(path)
+    except (OSError, pa.ArrowException):
+        return None
+    schema = metadata.schema.to_arrow_schema()
+    for name, spark_type in spark_types.items():
+        if name not in schema.names or not _same_type(schema.field(name).type, spark_type):
+            return None  # a column Spark resolved another way: its case, a merged or given schema
+    return metadata
+
+
 def plan(frame, layout, num_workers):
     """The Source of ``frame`` (the training columns) for ``num_workers`` tasks, or None when Spark
     must stream the partitions (see the module's docstring)."""
-    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     if not cluster.direct_parquet(frame.sparkSession):
         return None
-    paths = cluster.plain_parquet_files(frame)
-    if paths is None:
+    scan = cluster.plain_parquet_scan(frame)
+    if scan is None:
         return None
+    paths, repartitioned = scan
     kept = cluster.num_partitions(frame) == num_workers
-    spark_split = _whole_files_of_partitions(frame) if kept else None
-    if kept and spark_split is None:
-        return None
+    if kept:  # Spark's partitions are the workers' shards: only a bare scan's can be known here
+        spark_split = None if repartitioned else _whole_files_of_partitions(frame)
+        if spark_split is None or len(spark_split) != num_workers:
+            return None
+    spark_types = {field.name: field.type for field in to_arrow_schema(frame.schema)}
     files, rows = [], 0
     for path in paths:
-        metadata = pq.read_metadata(path)
-        names = metadata.schema.to_arrow_schema().names
-        if any(column not in names for column in layout.columns):
-            return None  # a column Spark resolved another way (its case, a merged schema)
-        if not _footers_vouch_no_nulls(metadata, layout.columns):
+        metadata = _footer(path, spark_types)
+        if metadata is None or not _footers_vouch_no_nulls(metadata, layout.columns):
             return None
         files.append((path, metadata.num_rows))
         rows += metadata.num_rows
@@ -109,6 +137,8 @@ def plan(frame, layout, num_workers):
         slices = [[Slice(path, 0, file_rows[path]) for path in partition] for partition in spark_split]
     else:
         slices = _split(files, rows, num_workers)
+    if sum(part.stop - part.start for worker in slices for part in worker) != rows:
+        return None  # Spark's split did not cover the files exactly once: let Spark stream them
     return Source(slices=slices, profile=profile)
 
 

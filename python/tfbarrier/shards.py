@@ -6,8 +6,8 @@ bounded by one Spark batch. ``x`` is a fixed-size list of float32 (one flat feat
 or, for encoded images, the image file's bytes.
 
 The training process streams that file into tf.data one record batch at a time and never holds the
-whole shard: each pass reads the record batches in a fresh seeded order (their rows permuted too),
-mixes rows through a bounded shuffle buffer, and decodes images in a parallel map. The file is read with ``pread``, not
+whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
+bounded shuffle buffer (tf.data's), and decodes images in a parallel map. The file is read with ``pread``, not
 memory-mapped: mapped pages count in a process's resident memory until it unmaps them.
 """
 
@@ -200,15 +200,18 @@ class Shard:
                 yield x, batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
 
     def one_pass(self, shuffle, seed, pass_number):
-        """(x, y) of every row once: the record batches as written, or, with ``shuffle``, in an order
-        and with their rows permuted afresh for each pass (seeded by ``seed`` and the pass number)."""
+        """(x, y) of every row once: the record batches as written, or with ``shuffle`` in an order drawn
+        afresh for each pass (seeded by ``seed`` and the pass number). The rows of a one-batch shard are
+        permuted here too, since tf.data's seeded shuffle would otherwise repeat one order every pass."""
         if not shuffle:
             yield from self.batches(range(self.record_batches))
             return
         rng = np.random.default_rng(None if seed is None else [seed, int(pass_number)])
         for x, y in self.batches(rng.permutation(self.record_batches)):
-            rows = rng.permutation(len(y))
-            yield x[rows], y[rows]
+            if self.record_batches == 1:
+                rows = rng.permutation(len(y))
+                x, y = x[rows], y[rows]
+            yield x, y
 
     def shuffle_buffer(self, requested, batch):
         """Rows in the shuffle buffer: ``requested``, or by default SHUFFLE_BUFFER_ROWS but no more than
@@ -236,7 +239,7 @@ def undecodable_row(rows, image_shape):
     for position, data in enumerate(rows):
         try:
             decode_image(tf.constant(data), image_shape)
-        except (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError) as exc:
+        except tf.errors.OpError as exc:
             return position, exc.message.splitlines()[0]
     return None
 
@@ -280,8 +283,10 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
                 rows = rows.shuffle(buffer, seed=seed)
             return rows
 
-        ds = tf.data.Dataset.range(np.iinfo(np.int64).max).flat_map(one_pass)
-        if shard.images:
+        # The generator only reads: rows are mixed and batched by tf.data's C++, which leaves the GIL to
+        # Keras's own Python between steps (a worker held up there holds up every worker's collectives).
+        ds = tf.data.Dataset.range(0 if shard.rows == 0 else np.iinfo(np.int64).max).flat_map(one_pass)
+        if shard.images:  # decoded in parallel after the shuffle
             ds = ds.map(lambda x, y: (decode_image(x, input_shape), y), num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.batch(batch, drop_remainder=True)
         options = tf.data.Options()

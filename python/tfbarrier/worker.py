@@ -155,12 +155,16 @@ def _callbacks(channel, job, is_chief):
 
 
 def _resident_mb():
-    """(current, peak) resident memory of this process in MB."""
+    """(current, peak) resident memory of this process in MB (current is None off Linux)."""
     import resource
 
-    with open("/proc/self/statm") as f:
-        current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return current / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    try:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        current = None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
+    return current, peak / (2**20 if sys.platform == "darwin" else 1024)
 
 
 def _check_input(shard, input_shape):
@@ -175,7 +179,7 @@ def _train(tf, model, dataset, shard, input_shape, **fit_args):
     """``model.fit``; an image that does not decode becomes a ColumnError naming its row."""
     try:
         model.fit(dataset, verbose=0, **fit_args)
-    except tf.errors.OpError:
+    except tf.errors.InvalidArgumentError:  # what decode_image raises (a failed peer is another error)
         bad = shards.first_undecodable(shard, input_shape) if shard.images else None
         if bad is None:
             raise

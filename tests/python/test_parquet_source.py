@@ -33,7 +33,8 @@ def source_of(df, num_workers=2):
     return parquet_source.plan(df.select(*layout.columns), layout, num_workers), layout
 
 
-def test_rows_are_split_evenly_and_exactly_once_across_files_and_row_groups(spark, tmp_path):
+def test_rows_are_split_evenly_and_exactly_once_across_files_and_row_groups(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_source, "TARGET_BATCH_BYTES", 3000)  # several read batches per row group
     total = write_files(tmp_path, [130, 7, 64])
     source, layout = source_of(spark.read.parquet(str(tmp_path)).coalesce(1), num_workers=3)
     assert source is not None
@@ -48,11 +49,36 @@ def test_rows_are_split_evenly_and_exactly_once_across_files_and_row_groups(spar
     lambda df: df.filter("label > 3"),
     lambda df: df.withColumn("label", df.label * 2),
     lambda df: df.cache(),
-    lambda df: df.repartition(2),
 ])
 def test_anything_but_a_plain_scan_goes_through_spark(spark, tmp_path, change):
     write_files(tmp_path, [50, 50])
     assert source_of(change(spark.read.parquet(str(tmp_path)).coalesce(1)))[0] is None
+
+
+@pytest.mark.parametrize("to_workers", [lambda df: df.coalesce(2), lambda df: df.repartition(2)])
+def test_a_scan_repartitioned_to_num_workers_goes_through_spark(spark, tmp_path, to_workers):
+    write_files(tmp_path, [30, 30, 30, 30])
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # no adaptive plan to hide the repartition
+    try:
+        df = to_workers(spark.read.parquet(str(tmp_path)))
+        assert df.rdd.getNumPartitions() == 2 and source_of(df)[0] is None
+    finally:
+        spark.conf.unset("spark.sql.adaptive.enabled")
+
+
+def test_a_scan_repartitioned_to_another_count_is_read_once_by_the_workers(spark, tmp_path):
+    total = write_files(tmp_path, [30, 30, 30, 30])
+    source, layout = source_of(spark.read.parquet(str(tmp_path)).repartition(3))
+    labels = [label for slices in source.slices for b in parquet_source.read(slices, layout.columns)
+              for label in b.column("label").to_pylist()]
+    assert labels == list(range(total))
+
+
+def test_files_whose_types_differ_from_sparks_schema_go_through_spark(spark, tmp_path):
+    write_files(tmp_path, [50])
+    pq.write_table(pa.table({"pixels": [[0.5] * WIDTH] * 5, "label": pa.array(range(5), pa.int32()),
+                             "other": ["y"] * 5}), f"{tmp_path}/part-9.parquet")
+    assert source_of(spark.read.parquet(str(tmp_path)).coalesce(1))[0] is None
 
 
 def test_the_direct_read_can_be_turned_off(spark, tmp_path):

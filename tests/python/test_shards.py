@@ -47,12 +47,15 @@ def small_record_batches(monkeypatch):
 def test_unshuffled_stream_yields_the_in_memory_batches_for_an_uneven_pair(tmp_path, small_record_batches):
     big, small = write_shard(tmp_path, "a", 50), write_shard(tmp_path, "b", 23, start=1000)
     assert big.record_batches > 10
-    for shard in (big, small):
+    for shard, first in ((big, 0), (small, 1000)):
         streamed, expected = batches_of(shard, 40, batch=8), in_memory_batches(shard, 40, batch=8)
         assert len(streamed) == 40
         for (sx, sy), (ex, ey) in zip(streamed, expected):
             np.testing.assert_array_equal(sx, ex)
             np.testing.assert_array_equal(sy, ey)
+        # Partition order, pass after pass, batches straddling the passes' ends.
+        in_order = first + np.arange(40 * 8) % shard.rows
+        np.testing.assert_array_equal(np.concatenate([y for _, y in streamed]), in_order)
 
 
 def test_shuffled_stream_sees_every_row_once_per_pass_in_a_fresh_order(tmp_path, small_record_batches):
