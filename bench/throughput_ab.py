@@ -1,0 +1,64 @@
+"""Steady throughput of this tree's tfbarrier.fit against a git revision's, alone, alternated.
+
+``fit_bench.py --baseline-ref`` runs the same comparison among all the peers (an hour); this runs
+only the two, each as ``fit_bench.py --one-fit`` (a driver process and a Spark of its own, the slides'
+CNN, 2 workers x 64, 60 steps x 4 epochs), one after the other for ``--rounds`` rounds, and prints
+the samples/s of epochs 2.. of each run and their median, min and max.
+
+    .venv/bin/python bench/throughput_ab.py --baseline-ref 74a8fa1 [--rounds 8]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+STEPS, EPOCHS, BATCH, WORKERS = 60, 4, 64, 2
+
+
+def run_once(data, env):
+    clock = tempfile.mktemp(prefix="tfbarrier-ab-clock-")
+    subprocess.run([sys.executable, os.path.join(BENCH, "fit_bench.py"), "--one-fit", clock, "--data", data,
+                    "--model", "cnn", "--batch", str(BATCH), "--steps", str(STEPS), "--epochs", str(EPOCHS)],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(clock) as f:
+        ends = json.load(f)["epoch_ends"]
+    os.remove(clock)
+    return (EPOCHS - 1) * STEPS * BATCH * WORKERS / (ends[-1] - ends[0])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baseline-ref", required=True)
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+
+    import harness
+    import workloads
+
+    data = tempfile.mkdtemp(prefix="tfbarrier-ab-data-")
+    workloads.make_data(data, STEPS * BATCH * WORKERS)
+    here = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (BENCH, os.environ.get("PYTHONPATH")) if p))
+    baseline = dict(here, PYTHONPATH=os.pathsep.join([harness.worktree(args.baseline_ref), here["PYTHONPATH"]]))
+    results = {"this tree": [], args.baseline_ref: []}
+    for _ in range(args.rounds):
+        for name, env in (("this tree", here), (args.baseline_ref, baseline)):
+            harness.settle()
+            results[name].append(run_once(data, env))
+            print(f"{name}: {results[name][-1]:,.0f} samples/s", flush=True)
+    for name, rates in results.items():
+        print(f"{name}: median {statistics.median(rates):,.0f}, min {min(rates):,.0f}, max {max(rates):,.0f} samples/s")
+    ratio = statistics.median(results["this tree"]) / statistics.median(results[args.baseline_ref])
+    print(f"this tree / {args.baseline_ref}: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, BENCH)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    main()
