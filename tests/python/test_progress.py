@@ -104,8 +104,10 @@ def test_a_message_with_a_wrong_token_is_rejected():
         server.close()
     assert [m["event"] for m in server.events] == [f"sent with {server.token}"]
     assert server.rejected == 1
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", server.port))  # the port is free once the server is closed
+    with socket.socket() as s:  # nothing listens once the server is closed (REUSEADDR: its closed
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections may sit in TIME_WAIT)
+        s.bind(("127.0.0.1", server.port))
+        s.listen()
 
 
 def test_an_unreachable_driver_costs_the_workers_nothing_and_the_driver_warns():
