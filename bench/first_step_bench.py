@@ -18,10 +18,10 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 
-BENCH = os.path.dirname(os.path.abspath(__file__))
+import harness
+
 PHASES = ("prepare", "stage_start", "data_shard", "worker_start", "rendezvous", "strategy_and_model", "first_step")
 
 
@@ -43,8 +43,8 @@ def main():
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    harness.local_spark_env()
 
-    import harness
     from feed_bench import ROW_BYTES, write_parquet
     from pyspark.sql import SparkSession
 
@@ -86,8 +86,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, BENCH)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main()

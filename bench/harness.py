@@ -12,6 +12,16 @@ README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def local_spark_env():
+    """What a benchmark's local Spark needs: loopback addresses, executors running this interpreter
+    (it has tfbarrier and TensorFlow), and TensorFlow's start-up banners kept quiet."""
+    import sys
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 def worktree(ref):
     """The Python sources (``python/``) of git revision ``ref``, checked out under build/: how a
     benchmark runs an older tfbarrier next to this one (put it first on PYTHONPATH)."""

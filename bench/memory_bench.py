@@ -23,7 +23,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
+
+import harness
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 WIDTH, BATCH, BOUND_MB = 784, 1024, 512
@@ -124,10 +125,10 @@ def main():
     parser.add_argument("--baseline-gb", type=float, nargs="+", default=[0.3])
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    harness.local_spark_env()
     if args.one is not None:
         return one(args.one)
 
-    import harness
 
     lines = ["| path | shard GB | baseline MB | peak MB | peak - baseline MB | within +512 MB? | notes |",
              "|---|---|---|---|---|---|---|"]
@@ -153,8 +154,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, BENCH)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main()

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+import harness
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 STEPS, EPOCHS, BATCH, WORKERS = 60, 4, 64, 2
 
@@ -36,8 +38,8 @@ def main():
     parser.add_argument("--baseline-ref", required=True)
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
+    harness.local_spark_env()
 
-    import harness
     import workloads
 
     data = tempfile.mkdtemp(prefix="tfbarrier-ab-data-")
@@ -57,8 +59,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, BENCH)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     main()
