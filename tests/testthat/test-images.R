@@ -22,7 +22,7 @@ test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG 
   spark <- test_spark()
   F <- reticulate::import("pyspark.sql.functions")
   sdf <- tf_spark_dataframe(spark, dir, format = "binaryFile")
-  expect_equal(sdf$count(), 200)
+  expect_equal(reticulate::py_to_r(sdf$count()), 200)
   sdf <- sdf$withColumn("digit", F$regexp_extract("path", "/(\\d+)/[^/]+$", 1L)$cast("int"))
 
   keras <- reticulate::import("keras")
