@@ -100,14 +100,13 @@ def _training_frame(data, layout, num_workers, input_shape):
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions."""
     frame = data.select(*layout.columns)
-    source = parquet_source.plan(frame, layout, num_workers)
+    partitions = cluster.num_partitions(frame)
+    source = parquet_source.plan(frame, partitions, layout, num_workers)
     profile = source.profile if source else validation.profile(frame, layout)
     validation.check_profile(profile, layout, num_workers, input_shape)
     if source:
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
-    if cluster.num_partitions(frame) != num_workers:
-        frame = frame.repartition(num_workers)
-    return frame, None
+    return (frame if partitions == num_workers else frame.repartition(num_workers)), None
 
 
 def _python_env(spark, env):
@@ -131,8 +130,8 @@ def _spark_session(spark):
 
 
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
-        seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None, max_retries=0,
-        timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
+        seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
+        max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
@@ -229,7 +228,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     job = JobSpec(
         kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
         steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer,
-        source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
+        source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks, checkpoint_dir=checkpoint_dir,
+        tensorboard_dir=tensorboard_dir,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
         started_at=started,
     )

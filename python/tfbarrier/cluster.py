@@ -62,12 +62,17 @@ def warm_start(spark):
     return str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() != "false"
 
 
+def _local_path(uri):
+    """The path of a ``file:`` URI (percent-escapes undone)."""
+    import urllib.parse
+
+    return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
+
+
 def file_partitions(df):
     """Spark's own split of a plain file scan (see ``plain_parquet_scan``) into its partitions: per
     partition, the (local path, first byte, bytes) ranges of files it reads, in order; None if the plan
     cannot tell."""
-    import urllib.parse
-
     from py4j.protocol import Py4JError
 
     try:
@@ -75,8 +80,8 @@ def file_partitions(df):
         if leaves.size() != 1 or _simple_name(leaves.apply(0)) != "FileSourceScanExec":
             return None
         partitions = leaves.apply(0).inputRDD().filePartitions()
-        return [[(urllib.parse.unquote(urllib.parse.urlparse(f.filePath().toString()).path), f.start(), f.length())
-                 for f in partitions.apply(i).files()] for i in range(partitions.size())]
+        return [[(_local_path(f.filePath().toString()), f.start(), f.length()) for f in partitions.apply(i).files()]
+                for i in range(partitions.size())]
     except Py4JError:
         return None
 
@@ -133,10 +138,10 @@ def plain_parquet_scan(df):
             return None
     except Py4JError:
         return None
-    files = [urllib.parse.urlparse(uri) for uri in df.inputFiles()]
-    if not files or any(uri.scheme not in ("", "file") for uri in files):
+    files = df.inputFiles()
+    if not files or any(urllib.parse.urlparse(uri).scheme not in ("", "file") for uri in files):
         return None
-    return sorted(urllib.parse.unquote(uri.path) for uri in files), repartitioned
+    return sorted(_local_path(uri) for uri in files), repartitioned
 
 
 def driver_resources(spark):

@@ -104,9 +104,9 @@ def _footer(path, spark_types):
     return metadata
 
 
-def plan(frame, layout, num_workers):
-    """The Source of ``frame`` (the training columns) for ``num_workers`` tasks, or None when Spark
-    must stream the partitions (see the module's docstring)."""
+def plan(frame, partitions, layout, num_workers):
+    """The Source of ``frame`` (the training columns, in ``partitions`` Spark partitions) for
+    ``num_workers`` tasks, or None when Spark must stream the partitions (see the module's docstring)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if not cluster.direct_parquet(frame.sparkSession):
@@ -115,7 +115,7 @@ def plan(frame, layout, num_workers):
     if scan is None:
         return None
     paths, repartitioned = scan
-    kept = cluster.num_partitions(frame) == num_workers
+    kept = partitions == num_workers
     if kept:  # Spark's partitions are the workers' shards: only a bare scan's can be known here
         spark_split = None if repartitioned else _whole_files_of_partitions(frame)
         if spark_split is None or len(spark_split) != num_workers:

@@ -7,8 +7,8 @@ or, for encoded images, the image file's bytes.
 
 The training process streams that file into tf.data one record batch at a time and never holds the
 whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
-bounded shuffle buffer (tf.data's), and decodes images in a parallel map. The file is read with ``pread``, not
-memory-mapped: mapped pages count in a process's resident memory until it unmaps them.
+bounded shuffle buffer (tf.data's), and decodes images in a parallel map. The file is read with
+``pread``, not memory-mapped: mapped pages count in a process's resident memory until it unmaps them.
 """
 
 import dataclasses

@@ -30,7 +30,8 @@ def write_files(directory, sizes, row_group=40, with_null=False):
 
 def source_of(df, num_workers=2):
     layout = validation.layout(df.schema, "pixels", "label")
-    return parquet_source.plan(df.select(*layout.columns), layout, num_workers), layout
+    frame = df.select(*layout.columns)
+    return parquet_source.plan(frame, frame.rdd.getNumPartitions(), layout, num_workers), layout
 
 
 def test_rows_are_split_evenly_and_exactly_once_across_files_and_row_groups(spark, tmp_path, monkeypatch):
