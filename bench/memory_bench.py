@@ -45,7 +45,7 @@ class PeakSampler:
 
         while not self._stop.wait(0.2):
             for proc in psutil.process_iter(["cmdline", "memory_info"]):
-                if "tfbarrier.worker" in " ".join(proc.info["cmdline"] or []) and proc.info["memory_info"]:
+                if "tfbarrier.training_process" in " ".join(proc.info["cmdline"] or []) and proc.info["memory_info"]:
                     self.peak_mb = max(self.peak_mb, proc.info["memory_info"].rss / 2**20)
 
     def stop(self):

@@ -1,97 +1,21 @@
-"""The driver side: ``fit``, ``run``, ``apply`` and ``FitResult``."""
+"""The driver side of the three calls: ``fit``, ``run`` and ``apply``. Each checks its arguments
+before any Spark job, makes its kind of job (fit_job.FitJob, job.RunJob, job.ApplyJob) and runs its
+barrier stage (stage.run)."""
 
-import dataclasses
 import time
 
 import cloudpickle
 
-from . import cluster, gpus, parquet_source, progress, stage, validation
+from . import cluster, gpus, parquet_source, stage, validation
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
-from .job import JobSpec, pickle_user_code
+from .fit_job import FitJob
+from .job import ApplyJob, RunJob, pickle_user_code
 from .model_spec import ModelSpec
+from .results import FitResult
+from .settings import STALL_TIMEOUT
 
-_WORKER_FIELDS = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
-                  "python_prefix", "warm_start", "checksum", "shard_checksum", "memory", "finished_at", "timings")
-STALL_TIMEOUT = 300.0
-
-
-@dataclasses.dataclass
-class FitResult:
-    """What ``fit`` returns.
-
-    model:    the trained Keras model, on the driver (same Keras as the model passed in; tf_keras for a
-              model function)
-    history:  per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}
-    timings:  seconds: prepare (the driver's checks, the data's profile included), stage_start (from
-              submitting the barrier stage to the chief's task starting: Spark's scheduling, and any
-              shuffle the data needs first), environment, data_shard, worker_start, rendezvous,
-              strategy_and_model, first_step, training (the chief's), time_to_first_step (from the
-              fit() call), total
-    workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
-              steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
-              every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
-              environment (path, built, seconds; None for the executor's own Python), python_prefix
-              (sys.prefix of its training process), warm_start (True when it trained in the spare
-              process its Spark Python worker kept, TensorFlow already imported), finished_at (its
-              clock when training ended), memory (its training process's resident memory in MB:
-              baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
-              timings
-    attempts: one dict per submission of the barrier job: attempt, error (None for the one that
-              succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
-    progress: the messages the workers streamed to the driver during the fit (kind, worker,
-              sent_at, received_at, ...), as shown live at verbose=1 and 2
-    """
-
-    model: object
-    history: dict
-    timings: dict
-    workers: list
-    attempts: list = dataclasses.field(default_factory=list)
-    progress: list = dataclasses.field(default_factory=list, repr=False)
-
-    def history_frame(self):
-        """``history`` as a pandas DataFrame, one row per epoch (numbered from 1)."""
-        import pandas as pd
-
-        frame = pd.DataFrame(self.history)
-        frame.index = pd.RangeIndex(1, len(frame) + 1, name="epoch")
-        return frame
-
-    def plot(self, path=None):
-        """Training curves: one panel per metric, its validation twin (val_*) in the same panel.
-        Saves a PNG to ``path`` when given; returns the matplotlib Figure (needs matplotlib)."""
-        import matplotlib.pyplot as plt
-
-        frame = self.history_frame()
-        metrics = [m for m in frame.columns if not m.startswith("val_")]
-        figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2), squeeze=False)
-        for axis, metric in zip(axes[0], metrics):
-            axis.plot(frame.index, frame[metric], marker="o", label=metric)
-            if f"val_{metric}" in frame:
-                axis.plot(frame.index, frame[f"val_{metric}"], marker="o", label=f"val_{metric}")
-                axis.legend()
-            axis.set_title(metric)
-            axis.set_xlabel("epoch")
-        figure.tight_layout()
-        if path is not None:
-            figure.savefig(path)
-        return figure
-
-    @property
-    def num_workers(self):
-        return len(self.workers)
-
-    @property
-    def epochs(self):
-        return len(next(iter(self.history.values()), []))
-
-    def __repr__(self):
-        last = ", ".join(f"{k}={v[-1]:.4g}" for k, v in self.history.items() if v)
-        return (
-            f"<FitResult: {self.num_workers} workers, {self.epochs} epochs, {last}; "
-            f"{self.timings.get('total', float('nan')):.1f} s total>"
-        )
+__all__ = ["FitResult", "apply", "fit", "run"]
 
 
 def _training_frame(data, layout, num_workers, input_shape):
@@ -186,13 +110,22 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         Resubmit the job this many times after a retryable failure (a killed training process, a lost
         executor); errors in the model or the data are never retried. Port clashes are retried apart.
     timeout : float, optional
-        Seconds for the whole fit, retries included; the job is cancelled and FitTimeoutError raised.
+        Seconds for the whole fit, retries included; the job is cancelled and JobTimeoutError raised.
     stall_timeout : float, optional
         Seconds a training process may go without progress (one heartbeat a second while it steps)
         before the fit fails with WorkerStalledError. None disables the watchdog.
     allow_unencrypted : bool
         TensorFlow's gRPC traffic between workers is not encrypted. With spark.ssl.enabled or
         spark.network.crypto.enabled on, fit() refuses to run unless this is True.
+    use_gpu : bool
+        Give each training process the GPUs Spark assigned to its task (README, "GPUs").
+    verbose : int
+        0 silent; 1 a live progress bar and a line per epoch; 2 also every worker's events and output lines.
+    tensorboard_dir : str, optional
+        The chief writes TensorBoard logs there.
+    env : PythonEnv, optional
+        The training processes' Python environment (README, "Python environments on the executors");
+        default: the executors' own Python.
 
     Returns
     -------
@@ -225,47 +158,36 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     frame, source = _training_frame(data, layout, num_workers, spec.input_shape)
-    job = JobSpec(
-        kind="fit", num_workers=num_workers, model=spec, layout=layout, epochs=epochs, batch_size=batch_size,
-        steps_per_epoch=steps_per_epoch, seed=seed, shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer,
-        source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks, checkpoint_dir=checkpoint_dir,
-        tensorboard_dir=tensorboard_dir,
-        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
-        started_at=started,
+    job = FitJob(
+        model=spec, layout=layout, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed,
+        shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer, source=source and source.slices, tf_threads=tf_threads,
+        callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
+        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark), started_at=started,
     )
-    server = progress.ProgressServer(cluster.driver_host(spark), verbose=verbose, workers=num_workers,
-                                     global_batch=batch_size)
-    job.progress, job.verbose = server.endpoint, verbose
     submitted = time.time()
-    try:
-        results, attempts = stage.submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
-    finally:
-        server.close()
+    results, attempts, events = stage.run(frame, job, num_workers, verbose=verbose, global_batch=batch_size,
+                                          max_retries=max_retries, timeout=timeout)
     chief = results[0]
-    trained = spec.trained_model(model, chief.get("weights"), chief.get("archive"))
-    timings = {"prepare": submitted - started, "stage_start": chief["task_started_at"] - submitted,
-               **chief["timings"]}
-    if chief["first_step_at"] is not None:
-        timings["time_to_first_step"] = chief["first_step_at"] - started
-    timings["total"] = time.time() - started
-    workers = [{key: r[key] for key in _WORKER_FIELDS} for r in results]
-    return FitResult(model=trained, history=chief["history"], timings=timings, workers=workers, attempts=attempts,
-                     progress=server.events)
+    trained = spec.trained_model(model, chief.output.get("weights"), chief.output.get("archive"))
+    return FitResult.from_workers(trained, results, attempts, events, started, submitted, time.time())
 
 
 def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,
-        allow_unencrypted=False, use_gpu=False, env=None, **unknown):
+        allow_unencrypted=False, use_gpu=False, env=None, verbose=1, **unknown):
     """Call ``train_fn(*args, **kwargs)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set for a multi-worker TensorFlow cluster, and return worker 0's (the
     chief's) return value. ``train_fn`` builds its own strategy, as in TensorFlow's multi-worker
-    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``timeout``,
-    ``allow_unencrypted``, ``use_gpu`` and ``env`` are as in ``fit``."""
+    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``verbose=2`` shows
+    every worker's printed lines on the driver as they come. ``timeout``, ``allow_unencrypted``,
+    ``use_gpu`` and ``env`` are as in ``fit``."""
+    started = time.time()
     validation.no_unknown_arguments("run", unknown, run)
     if not callable(train_fn):
         raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
     num_workers = validation.positive_int("num_workers", num_workers)
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
     timeout = validation.positive_seconds("timeout", timeout)
+    verbose = validation.verbosity(verbose)
     spark = _spark_session(spark)
     env = _python_env(spark, env)
     try:
@@ -275,31 +197,33 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
-    job = JobSpec(kind="run", num_workers=num_workers, function=function, tf_threads=tf_threads, gpus=gpu_plan,
-                  env=env, warm_start=cluster.warm_start(spark), started_at=time.time())
+    job = RunJob(function=function, tf_threads=tf_threads, gpus=gpu_plan, env=env,
+                 warm_start=cluster.warm_start(spark), started_at=started)
     frame = spark.range(0, num_workers, numPartitions=num_workers)
-    results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
-    return cloudpickle.loads(results[0]["value"])
+    results, _, _ = stage.run(frame, job, num_workers, verbose=verbose, timeout=timeout)
+    return cloudpickle.loads(results[0].output["value"])
 
 
 def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
-          env=None, **unknown):
+          env=None, verbose=1, **unknown):
     """Call ``fn(partition, barrier)`` in ``num_workers`` Spark barrier tasks at once, each in its own
     process with ``TF_CONFIG`` set, on that task's partition of ``data`` (a pandas DataFrame); return
     the pandas DataFrames it returns, concatenated in worker order. ``barrier`` is a dict: address
     (this worker's host:port in TF_CONFIG), partition, num_workers, tf_config (the JSON string).
     ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
-    the result's columns. ``timeout``, ``allow_unencrypted``, ``use_gpu`` and ``env`` are as in ``fit``. This is
-    what R's ``spark_tf_apply()`` runs an R closure through."""
+    the result's columns. ``verbose``, ``timeout``, ``allow_unencrypted``, ``use_gpu`` and ``env`` are
+    as in ``run``. This is what R's ``spark_tf_apply()`` runs an R closure through."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    started = time.time()
     validation.no_unknown_arguments("apply", unknown, apply)
     data = validation.spark_dataframe(data)
     if not callable(fn):
         raise InvalidArgumentError(f"fn must be a function of (partition, barrier), got {type(fn).__name__}")
     num_workers = validation.positive_int("num_workers", num_workers)
     timeout = validation.positive_seconds("timeout", timeout)
+    verbose = validation.verbosity(verbose)
     output_schema = validation.output_schema(columns)
     spark = data.sparkSession
     env = _python_env(spark, env)
@@ -307,10 +231,9 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
-    job = JobSpec(kind="apply", num_workers=num_workers, function=pickle_user_code(fn, fn), gpus=gpu_plan,
-                  input_schema=to_arrow_schema(data.schema), output_schema=output_schema, env=env,
-                  warm_start=cluster.warm_start(spark),
-                  started_at=time.time())
-    results, _ = stage.submit_with_retries(frame, job, timeout=timeout)
-    tables = [pa.ipc.open_stream(r["table"]).read_all() for r in results]
+    job = ApplyJob(function=pickle_user_code(fn, fn), input_schema=to_arrow_schema(data.schema),
+                   output_schema=output_schema, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
+                   started_at=started)
+    results, _, _ = stage.run(frame, job, num_workers, verbose=verbose, timeout=timeout)
+    tables = [pa.ipc.open_stream(r.output["table"]).read_all() for r in results]
     return pa.concat_tables(tables, promote_options="default").to_pandas()

@@ -8,10 +8,7 @@ import time
 import warnings
 
 from .errors import ClusterError
-
-SLOT_WAIT = 15.0  # seconds to wait for executors to register before giving up on free slots
-WARM_START_CONF = "spark.tfbarrier.warmStart"
-DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"
+from .settings import DIRECT_PARQUET_CONF, ENCRYPTION_CONFS, SLOT_WAIT, WARM_START_CONF
 
 
 def is_connect(spark):
@@ -208,14 +205,11 @@ def broadcast(spark, value):
     return _context(spark).broadcast(value)
 
 
-ENCRYPTION_SETTINGS = ("spark.ssl.enabled", "spark.network.crypto.enabled")
-
-
 def check_encryption(spark, allow_unencrypted):
     """Refuse to run unencrypted TensorFlow traffic in a cluster configured for encryption, unless the
     user opted in: tfbarrier's own payloads stay inside Spark, but the workers' gRPC collectives do not."""
     conf = spark.conf
-    enabled = [key for key in ENCRYPTION_SETTINGS if str(conf.get(key, "false")).lower() == "true"]
+    enabled = [key for key in ENCRYPTION_CONFS if str(conf.get(key, "false")).lower() == "true"]
     if enabled and not allow_unencrypted:
         raise ClusterError(
             f"{' and '.join(enabled)} is on, but TensorFlow's gRPC traffic between the workers (gradients, "

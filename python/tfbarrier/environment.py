@@ -27,10 +27,10 @@ import tempfile
 import time
 
 from .errors import EnvironmentBuildError, InvalidArgumentError
+from .settings import BUILD_TIMEOUT, WORKON_HOME_ENV
 
 MARKER = "tfbarrier-env.json"
 BUILD_LOG = "tfbarrier-builds.log"
-BUILD_TIMEOUT = 1800  # seconds for one pip run, and for waiting on another task's build
 PIP_TAIL_LINES = 30
 
 
@@ -87,7 +87,8 @@ class PythonEnv:
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
     def home(self):
-        return self.workon_home or os.environ.get("WORKON_HOME") or os.path.join(tempfile.gettempdir(), "tfbarrier-envs")
+        default = os.path.join(tempfile.gettempdir(), "tfbarrier-envs")
+        return self.workon_home or os.environ.get(WORKON_HOME_ENV) or default
 
 
 def _python(prefix):

@@ -30,8 +30,14 @@ class ClusterError(TfBarrierError, RuntimeError):
     """The Spark cluster cannot run the barrier stage (too few free task slots, dynamic allocation)."""
 
 
-class FitTimeoutError(TfBarrierError, TimeoutError):
-    """fit()/run() ran past its ``timeout``; the Spark job was cancelled and every worker stopped."""
+class JobTimeoutError(TfBarrierError, TimeoutError):
+    """fit(), run() or apply() ran past its ``timeout``; the Spark job was cancelled and every worker
+    stopped. Also known by its former name, ``FitTimeoutError`` (in R too)."""
+
+    former_names = ("FitTimeoutError",)
+
+
+FitTimeoutError = JobTimeoutError  # the name before run() and apply() had timeouts too
 
 
 class WorkerError(TfBarrierError, RuntimeError):
@@ -68,9 +74,10 @@ class PortClashError(WorkerError):
 
 
 def class_names(error):
-    """The tfbarrier classes of ``error``, most specific first; empty for other exceptions. R's
-    conditions carry these names in their class vector."""
-    return [cls.__name__ for cls in type(error).__mro__ if issubclass(cls, TfBarrierError)]
+    """The tfbarrier classes of ``error``, most specific first (former names after the current one);
+    empty for other exceptions. R's conditions carry these names in their class vector."""
+    return [name for cls in type(error).__mro__ if issubclass(cls, TfBarrierError)
+            for name in (cls.__name__, *cls.__dict__.get("former_names", ()))]
 
 
 # ---- carrying an error from a barrier task to the driver ----------------------------------------

@@ -15,6 +15,7 @@ import re
 
 from . import cluster
 from .errors import ClusterError, InvalidArgumentError
+from .settings import GPUS_ENV
 
 HIDE = "hide"
 TASK = "task"
@@ -71,8 +72,10 @@ def visible_devices(gpus, context, index, environ):
     else:
         addresses = list(gpus[index])
     if not all(_CUDA_INDEX.match(a) for a in addresses):
-        raise ClusterError(f"GPU addresses {addresses} are not CUDA device indexes (0, 1, ...): fix the discovery script")
-    inherited = environ.get("CUDA_VISIBLE_DEVICES")
+        raise ClusterError(
+            f"GPU addresses {addresses} are not CUDA device indexes (0, 1, ...): fix the discovery script"
+        )
+    inherited = environ.get(GPUS_ENV)
     if inherited:
         devices = inherited.split(",")
         addresses = [devices[int(a)] for a in addresses]

@@ -6,8 +6,8 @@ Spark Python worker (cached across batches and tasks), and scores each Arrow bat
 Python and only the prediction comes back (``mapInArrow`` would ship every input column both ways).
 TensorFlow is imported on the executors only inside the scoring function.
 
-Test hook: when ``TFBARRIER_MODEL_LOAD_LOG`` names a file in an executor's environment, every model
-load appends a line ``<pid> <model id>`` to it.
+Test hook: when ``TFBARRIER_MODEL_LOAD_LOG`` (settings.MODEL_LOAD_LOG_ENV) names a file in an
+executor's environment, every model load appends a line ``<pid> <model id>`` to it.
 """
 
 import collections
@@ -21,9 +21,10 @@ import pyarrow as pa
 from . import cluster, shards, validation
 from .errors import ColumnError, InvalidArgumentError, ModelError
 from .model_spec import keras_flavor, load_archive, save_archive
+from .results import FitResult
+from .settings import MODEL_LOAD_LOG_ENV
 
 OUTPUTS = ("class", "probabilities", "raw")
-MODEL_LOAD_LOG = "TFBARRIER_MODEL_LOAD_LOG"
 _CACHE_SIZE = 2  # models kept per Python worker
 _models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
 
@@ -84,9 +85,8 @@ def predict_local(model, x, output="class", batch_size=1024):
 
 def _load(model_id, archive, flavor):
     if model_id not in _models:
-        from pyspark import TaskContext
-
         import tensorflow as tf
+        from pyspark import TaskContext
 
         context = TaskContext.get()
         if context is not None and not _models:  # first TensorFlow use in this Python worker
@@ -97,7 +97,7 @@ def _load(model_id, archive, flavor):
         _models[model_id] = load_archive(archive.value, flavor)
         while len(_models) > _CACHE_SIZE:
             _models.popitem(last=False)
-        log = os.environ.get(MODEL_LOAD_LOG)
+        log = os.environ.get(MODEL_LOAD_LOG_ENV)
         if log:
             with open(log, "a") as f:
                 f.write(f"{os.getpid()} {model_id}\n")
@@ -181,8 +181,6 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         Class id (long; argmax, or probability > 0.5 for one output unit), probabilities (array<float>;
         softmax/sigmoid applied when the last layer outputs logits), or the raw outputs (array<float>).
     """
-    from .api import FitResult
-
     if isinstance(model, FitResult):
         model = model.model
     data = validation.spark_dataframe(data)

@@ -1,55 +1,141 @@
-"""The description of one fit()/run() job: plain data made on the driver and pickled to every task
-and from there to every training process."""
+"""Jobs: what the driver asks every barrier task to do, as plain data pickled to each task and from
+there to its training process.
 
+``Job`` holds what every kind shares (GPUs, environment, timeouts, the driver link) and the seams a
+kind fills in, so that a new kind is one class:
+
+  in the task              ``write_input`` (the partition to the shard file), ``check_peers``
+                           and ``agree_steps`` (after the rendezvous)
+  in the training process  ``execute`` (TensorFlow imported, TF_CONFIG set): a results.ProcessReport
+
+The kinds: ``FitJob`` (fit_job.py: Keras fit under MultiWorkerMirroredStrategy), and here ``RunJob``
+(call the user's function in every worker) and ``ApplyJob`` (call it on each task's partition).
+"""
+
+import contextlib
 import dataclasses
+import json
 import os
 import sys
 import sysconfig
+import time
 import uuid
 
 import cloudpickle
 
-# Environment of every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works
-# with MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up
-# banners are kept out of the logs unless the user set a level of their own.
-TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1"}
-TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
-ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2... after resubmissions
+from . import shards
+from .errors import ColumnError, PortClashError
+from .results import ProcessReport
+
+_PORT_CLASH_SIGNS = ("Could not start gRPC server", "Address already in use")
 
 
 @dataclasses.dataclass
-class JobSpec:
-    kind: str  # "fit", "run" or "apply"
-    num_workers: int
-    # fit
-    model: object = None  # ModelSpec
-    layout: object = None  # shards.Layout
-    source: list = None  # per worker, the parquet_source.Slices its task reads; None: its partition
-    epochs: int = 1
-    batch_size: int = 32  # global batch size, split evenly across workers
-    steps_per_epoch: int = None  # None: one pass over all rows per epoch
-    seed: int = None
-    shuffle: bool = True
-    shuffle_buffer: int = None  # rows; None: shards.SHUFFLE_BUFFER_ROWS, at most SHUFFLE_BUFFER_BYTES of them
-    callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
-    checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
-    tensorboard_dir: str = None  # the chief's TensorBoard logs
-    # run, apply
-    function: bytes = None  # cloudpickled (fn, args, kwargs) for run, fn for apply
-    # apply
-    input_schema: object = None  # pyarrow schema of the partitions
-    output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
-    # all
+class Job:
+    """The settings every kind of job shares."""
+
+    needs_tensorflow = True  # False: the job runs without TensorFlow when its environment has none
+
     gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     env: object = None  # environment.PythonEnv of the training process; None: the executor's own Python
     warm_start: bool = True  # take a Python worker's spare training process, leave one after success
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
-    progress: dict = None  # the driver's progress server: host, port, token (None: no live progress)
+    link: dict = None  # the driver's link (driver_link.py): host, port, token; None: none
     verbose: int = 0
-    started_at: float = None  # driver clock at fit()/run() start, for time-to-first-step
+    started_at: float = None  # driver clock at the call, for deadlines and time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    # ---- in the task (no TensorFlow there) ----
+    def write_input(self, batches, path, index):
+        """Write task ``index``'s partition (an iterator of Arrow record batches) to the shard file at
+        ``path``; return (rows, checksum of the rows or None)."""
+        return 0, None
+
+    def check_peers(self, peers):
+        """Refuse what the gathered peers (host, port, rows each) cannot train on."""
+
+    def agree_steps(self, peers):
+        """The steps every worker runs per epoch, from the peers' rows (None: the kind has no epochs)."""
+        return None
+
+    # ---- in the training process ----
+    def execute(self, tf, config, channel):
+        """Do the work with ``config`` (the protocol's CONFIG message: tf_config, steps_per_epoch,
+        shard, rows) and return a ProcessReport; ``tf`` is None when TensorFlow is not installed.
+        ``channel`` (a protocol.Channel) goes to the task, for PROGRESS messages."""
+        raise NotImplementedError
+
+
+@contextlib.contextmanager
+def port_clash_is_retryable():
+    """Where TensorFlow binds its port: a taken port becomes a PortClashError, which the driver retries."""
+    try:
+        yield
+    except Exception as exc:
+        if any(sign in str(exc) for sign in _PORT_CLASH_SIGNS):
+            raise PortClashError(str(exc)) from exc
+        raise
+
+
+def _report(started, **fields):
+    return ProcessReport(timings={"training": time.time() - started}, python_prefix=sys.prefix,
+                         finished_at=time.time(), **fields)
+
+
+@dataclasses.dataclass
+class RunJob(Job):
+    """``run``: call the user's function in every training process; the chief's value comes back."""
+
+    needs_tensorflow = False
+    function: bytes = None  # cloudpickled (fn, args, kwargs)
+
+    def execute(self, tf, config, channel):
+        fn, args, kwargs = cloudpickle.loads(self.function)
+        started = time.time()
+        with port_clash_is_retryable():  # the user's function builds the strategy
+            value = fn(*args, **kwargs)
+        chief = config["tf_config"]["task"]["index"] == 0
+        return _report(started, output={"value": cloudpickle.dumps(value)} if chief else {})
+
+
+@dataclasses.dataclass
+class ApplyJob(Job):
+    """``apply``: call the user's function on each task's partition; its frame comes back as Arrow
+    IPC bytes, cast to ``output_schema`` when given."""
+
+    needs_tensorflow = False
+    function: bytes = None  # cloudpickled fn(partition, barrier)
+    input_schema: object = None  # pyarrow schema of the partitions
+    output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
+
+    def write_input(self, batches, path, index):
+        return shards.write_partition(batches, path), None
+
+    def execute(self, tf, config, channel):
+        import pyarrow as pa
+
+        fn = cloudpickle.loads(self.function)
+        tf_config = config["tf_config"]
+        index = tf_config["task"]["index"]
+        barrier = {"address": tf_config["cluster"]["worker"][index], "partition": index,
+                   "num_workers": len(tf_config["cluster"]["worker"]), "tf_config": json.dumps(tf_config)}
+        started = time.time()
+        frame = fn(shards.read_partition(config["shard"], self.input_schema), barrier)
+        table = self._cast(pa.Table.from_pandas(frame, preserve_index=False))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return _report(started, output={"table": sink.getvalue().to_pybytes()})
+
+    def _cast(self, table):
+        if self.output_schema is None:
+            return table
+        missing = [name for name in self.output_schema.names if name not in table.column_names]
+        if missing:
+            raise ColumnError(f"the function's result has no column(s) {missing}; it has {table.column_names}")
+        return table.select(self.output_schema.names).cast(self.output_schema)
 
 
 def _installed(module):

@@ -1,5 +1,11 @@
-"""Peers find each other: ports, the rendezvous (through the driver, else the barrier's allGather),
-TF_CONFIG and the agreed step count.
+"""Peers find each other: ports, the rendezvous (driver and task side), TF_CONFIG and the agreed
+step count.
+
+The rendezvous goes through the driver's link (driver_link.py): each task sends its host, port and
+shard rows as a ``rendezvous`` request, and the driver answers every task with the list of all of
+them once the last one arrived, within milliseconds (Spark's allGather waits in whole seconds: its
+task thread sleeps 1 s between checks). When some task cannot reach the driver, every task is told
+to fall back to allGather, ``settings.RENDEZVOUS_WAIT`` seconds after the first arrival.
 
 Ports are never fixed: each training process binds port 0 on its own host and keeps that socket
 open (bound, not listening) while the peers gather, so no other process can be handed the port; the
@@ -10,6 +16,11 @@ socket is closed right before TensorFlow's server binds it. A clash in that inst
 import json
 import math
 import socket
+import threading
+
+from . import settings
+
+REQUEST = "rendezvous"  # the driver link's request kind
 
 
 def reserve_port():
@@ -25,13 +36,78 @@ def task_host(context):
     return address.rsplit(":", 1)[0]
 
 
-def gather(context, info, reporter=None, attempt=1):
+def gather(context, link, info, attempt=1):
     """Exchange a small JSON-able dict with every task of the stage; the list is in task order, and
-    how it came: through the driver (``reporter``, milliseconds) or Spark's allGather (whole seconds)."""
-    peers = reporter.gather(attempt, info) if reporter is not None else None
+    how it came: through the driver (``link``, a DriverLink) or Spark's allGather."""
+    answer = link.request(REQUEST, attempt=attempt, info=info) if link is not None else None
+    peers = answer.get("peers") if isinstance(answer, dict) else None
     if peers is not None:
         return peers, "driver"
     return [json.loads(message) for message in context.allGather(json.dumps(info))], "allGather"
+
+
+class _Gathering:
+    """One rendezvous (one submission of the job): the list of every task's info once all arrived,
+    or, ``wait`` seconds after the first arrival, a fallback for all (including late arrivals)."""
+
+    def __init__(self, size, wait):
+        self.size = size
+        self.infos, self.replies, self.outcome = {}, [], None
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(wait, self._finish, [{"fallback": True}])
+        self._timer.daemon = True
+        self._timer.start()
+
+    def arrive(self, worker, info, reply):
+        with self._lock:
+            if self.outcome is None:
+                self.infos[worker] = info
+                self.replies.append(reply)
+                if len(self.infos) == self.size:
+                    self._finish_locked({"peers": [self.infos[i] for i in range(self.size)]})
+                return
+        reply(self.outcome)
+
+    def _finish(self, outcome):
+        with self._lock:
+            if self.outcome is None:
+                self._finish_locked(outcome)
+
+    def _finish_locked(self, outcome):
+        self.outcome = outcome
+        self._timer.cancel()
+        for reply in self.replies:
+            reply(outcome)
+        self.replies = []
+
+    def cancel(self):
+        self._timer.cancel()
+
+
+class DriverRendezvous:
+    """The driver's side for a job of ``size`` tasks: the handler of REQUEST on the driver link, one
+    gathering per submission (``attempt``)."""
+
+    def __init__(self, size, wait=settings.RENDEZVOUS_WAIT):
+        self.size, self.wait = size, wait
+        self._gatherings = {}
+        self._lock = threading.Lock()
+
+    def answer(self, message, reply):
+        """``reply`` gets {"peers": [...]} or {"fallback": true}."""
+        worker, attempt = message.get("worker"), message.get("attempt")
+        if not isinstance(worker, int) or not 0 <= worker < self.size:
+            reply({"fallback": True})
+            return
+        with self._lock:
+            gathering = self._gatherings.get(attempt)
+            if gathering is None:
+                gathering = self._gatherings[attempt] = _Gathering(self.size, self.wait)
+        gathering.arrive(worker, message.get("info"), reply)
+
+    def close(self):
+        for gathering in self._gatherings.values():
+            gathering.cancel()
 
 
 def _endpoint(host, port):

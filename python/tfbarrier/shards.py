@@ -62,7 +62,8 @@ def feature_matrix(batch, layout):
             if array.null_count:
                 raise ColumnError(f"feature column {name!r} has null values: drop or impute them first")
         width = len(arrays)
-        stacked = np.column_stack([a.to_numpy(zero_copy_only=False) for a in arrays]) if len(batch) else np.empty((0, width))
+        columns = [a.to_numpy(zero_copy_only=False) for a in arrays]
+        stacked = np.column_stack(columns) if len(batch) else np.empty((0, width))
         values = pa.array(stacked.reshape(-1).astype(np.float32))
     if values.null_count:
         raise ColumnError(f"feature column {layout.features[0]!r} has null values inside its arrays")

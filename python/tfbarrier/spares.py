@@ -9,7 +9,7 @@ after it succeeds it leaves a new spare behind. A spare dies with its Spark Pyth
 Python worker Spark keeps for reuse. ``spark.tfbarrier.warmStart=false`` turns spares off.
 """
 
-from .process import TrainingProcess
+from .launcher import TrainingProcess
 
 _spare = None  # (key, TrainingProcess): this Python worker's spare
 

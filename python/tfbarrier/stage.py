@@ -1,5 +1,6 @@
-"""The barrier stage seen from the driver: submit it, cancel it at the deadline, turn its failure
-back into a tfbarrier error, and resubmit it after a retryable failure.
+"""The barrier stage seen from the driver: open the driver link its tasks report to and meet
+through, submit the stage, cancel it at the deadline, turn its failure back into a tfbarrier error,
+and resubmit it after a retryable failure.
 
 Spark never retries a failed barrier stage, so every retry is a new job submitted from here. The
 job runs in a helper thread in a job group of its own, so that the driver can cancel it when
@@ -7,15 +8,14 @@ job runs in a helper thread in a job group of its own, so that the driver can ca
 """
 
 import dataclasses
-import pickle
 import threading
 import time
 
-from . import cluster, errors, task
-from .errors import FitTimeoutError, PortClashError, WorkerError
+from . import cluster, driver_link, errors, progress, protocol, rendezvous, task
+from .errors import JobTimeoutError, PortClashError, WorkerError
+from .settings import CANCEL_GRACE
 
 PORT_CLASH_ATTEMPTS = 3  # port clashes are retried on their own, outside max_retries
-CANCEL_GRACE = 60  # seconds to wait for an interrupted job to wind down
 _LOST_TASK_SIGNS = ("ExecutorLostFailure", "Executor lost", "executor lost")
 
 
@@ -32,8 +32,31 @@ def _translate(exc):
     return exc
 
 
+def run(frame, job, num_workers, verbose=1, global_batch=None, max_retries=0, timeout=None):
+    """Run ``job``'s barrier stage over ``frame`` (``num_workers`` partitions) until it succeeds or
+    fails for good, with the driver link open: the tasks' rendezvous and their progress, shown as
+    ``verbose`` says. Returns (WorkerResults in worker order, attempts, the tasks' messages)."""
+    display = progress.ProgressDisplay(verbose, global_batch)
+    meeting = rendezvous.DriverRendezvous(num_workers)
+    host = cluster.driver_host(frame.sparkSession)
+    try:
+        server = driver_link.DriverServer(host, on_message=display.show, requests={rendezvous.REQUEST: meeting.answer})
+    except OSError as exc:  # spark.driver.host is not this machine (a remote Connect session): no link
+        server = None
+        display.unavailable(f"the driver cannot listen on {host} ({exc})")
+    job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose)
+    try:
+        results, attempts = submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
+    finally:
+        meeting.close()
+        if server is not None:
+            server.close()
+        display.close(server)
+    return results, attempts, server.events if server is not None else []
+
+
 def submit(frame, job, deadline=None):
-    """Run the barrier stage once; the tasks' results in worker order."""
+    """Run the barrier stage once; the tasks' WorkerResults in worker order."""
     spark = frame.sparkSession
     tag = f"tfbarrier-{job.job_id}-{job.attempt}"
     outcome = {}
@@ -41,33 +64,26 @@ def submit(frame, job, deadline=None):
     def collect():
         cluster.label_jobs(spark, tag)
         try:
-            outcome["rows"] = frame.mapInArrow(task.barrier_function(job), task.RESULT_SCHEMA, barrier=True).collect()
+            stage = frame.mapInArrow(task.barrier_function(job), protocol.RESULT_SCHEMA, barrier=True)
+            outcome["rows"] = stage.collect()
         except BaseException as exc:  # noqa: B902 - handed to the calling thread
             outcome["error"] = exc
 
-    worker = threading.Thread(target=collect, name=f"tfbarrier-{job.job_id}", daemon=True)
-    worker.start()
-    worker.join(None if deadline is None else max(0.0, deadline - time.time()))
-    if worker.is_alive():
+    collector = threading.Thread(target=collect, name=f"tfbarrier-{job.job_id}", daemon=True)
+    collector.start()
+    collector.join(None if deadline is None else max(0.0, deadline - time.time()))
+    if collector.is_alive():
         cluster.cancel_jobs(spark, tag)
-        worker.join(CANCEL_GRACE)
+        collector.join(CANCEL_GRACE)
         cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE)
-        raise FitTimeoutError(
+        raise JobTimeoutError(
             f"the job ran past its timeout of {deadline - job.started_at:.0f} s and was cancelled; every "
             "worker was stopped. Raise timeout=, or look for a worker that hangs (stall_timeout=)"
         )
     if "error" in outcome:
         cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE)
         raise _translate(outcome["error"]) from None
-    return _results(outcome["rows"])
-
-
-def _results(rows):
-    """The tasks' results in worker order, each reassembled from its chunks."""
-    payloads = {}
-    for row in sorted(rows, key=lambda r: (r["index"], r["chunk"])):
-        payloads.setdefault(row["index"], []).append(bytes(row["payload"]))
-    return [pickle.loads(b"".join(chunks)) for _, chunks in sorted(payloads.items())]
+    return protocol.results_from_rows(outcome["rows"])
 
 
 def _summary(error):
@@ -94,5 +110,5 @@ def submit_with_retries(frame, job, max_retries=0, timeout=None):
                 continue
             error.attempts = attempts
             raise
-        attempts.append({"attempt": number, "error": None, "initial_epoch": results[0].get("initial_epoch", 0)})
+        attempts.append({"attempt": number, "error": None, "initial_epoch": results[0].initial_epoch})
         return results, attempts

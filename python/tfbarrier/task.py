@@ -1,51 +1,38 @@
 """What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
 
 One task: take this Python worker's spare training process, which has imported TensorFlow already,
-or start one (it imports TensorFlow while the task writes its shard), stream the partition to the
-shard file, gather every peer's host, port and shard size (through the driver, else the barrier's
-allGather), hand TF_CONFIG and the agreed steps per epoch to the training process, wait for its
-result and yield it to the driver. The work directory and the process are gone when the task ends,
+or start one (it imports TensorFlow while the task writes its shard), write the partition to the
+shard file (``job.write_input``), meet every peer (rendezvous.py, through the driver link), hand
+TF_CONFIG and the agreed steps per epoch to the training process, wait for its report and yield the
+task's WorkerResult to the driver. The work directory and the process are gone when the task ends,
 however it ends; a task that succeeded leaves a spare for the next one (spares.py).
 """
 
 import dataclasses
 import os
-import pickle
 import shutil
 import tempfile
 import time
 
-import pyarrow as pa
-
-from . import environment, errors, gpus, job as job_module, parquet_source, progress, rendezvous, shards, spares
-from .errors import InvalidArgumentError, TfBarrierError, WorkerError
-from .process import LOG_FILE, TrainingProcess
-from .worker import JOB_FILE, RESULT_FILE
-
-# A task's result travels as rows of at most CHUNK bytes: Spark Connect caps the size of a message.
-RESULT_SCHEMA = "index int, chunk int, payload binary"
-_ARROW_RESULT_SCHEMA = pa.schema([("index", pa.int32()), ("chunk", pa.int32()), ("payload", pa.binary())])
-CHUNK = 16 * 2**20
-STARTUP_TIMEOUT = 300  # seconds for the training process to import TensorFlow and report its port
-EXIT_GRACE = 30  # seconds for a finished training process to exit before it is killed
+from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares
+from .errors import TfBarrierError, WorkerError
+from .launcher import TrainingProcess
+from .results import WorkerResult
 
 
 def _training_env():
     """The training process's environment, the same for every task of this Python worker (so that a
     spare can serve any of them); what differs per task goes in ``_task_env``."""
-    env = dict(os.environ)
-    for name in ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", job_module.ATTEMPT_ENV):
-        env.pop(name, None)
-    for key, value in job_module.TRAINING_ENV_DEFAULTS.items():
+    env = {name: value for name, value in os.environ.items() if name not in settings.TASK_ENV}
+    for key, value in settings.TRAINING_ENV_DEFAULTS.items():
         env.setdefault(key, value)
-    env.update(job_module.TRAINING_ENV)
-    env["PYTHONUNBUFFERED"] = "1"
+    env.update(settings.TRAINING_ENV)
     return env
 
 
 def _task_env(job, context, index):
-    return {"CUDA_VISIBLE_DEVICES": gpus.visible_devices(job.gpus, context, index, os.environ),
-            job_module.ATTEMPT_ENV: str(job.attempt)}
+    return {settings.GPUS_ENV: gpus.visible_devices(job.gpus, context, index, os.environ),
+            settings.ATTEMPT_ENV: str(job.attempt)}
 
 
 def _training_process(job, python, env):
@@ -54,105 +41,77 @@ def _training_process(job, python, env):
     return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
 
-def _check_shards(peers):
-    empty = [i for i, peer in enumerate(peers) if peer["rows"] == 0]
-    if empty:
-        raise InvalidArgumentError(
-            f"partition(s) {empty} of the training data are empty, so those workers have nothing to "
-            "train on: repartition the DataFrame (df.repartition(num_workers)) or use fewer workers"
-        )
-
-
-def _train(job, context, batches, workdir, reporter):
+def _run(job, context, batches, workdir, link):
     started = time.time()
     index = context.partitionId()
     host = rendezvous.task_host(context)
-    reporter.event(f"task started on {host} (attempt {job.attempt})")
+    link.event(f"task started on {host} (attempt {job.attempt})")
     timings = {}
     if job.tf_threads is None:  # one intra-op thread per CPU Spark gave this task
         job = dataclasses.replace(job, tf_threads=context.cpus())
-    with open(os.path.join(workdir, JOB_FILE), "wb") as f:
-        pickle.dump(job, f, protocol=pickle.HIGHEST_PROTOCOL)
+    protocol.write_pickle(workdir, protocol.JOB_FILE, job)
     python, environment_info = environment.resolve(job.env)
     if environment_info is not None:
         timings["environment"] = environment_info["seconds"]
         what = "built" if environment_info["built"] else "found"
-        reporter.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
+        link.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
     env, task_env = _training_env(), _task_env(job, context, index)
     spawned = time.time()
     process, warm = _training_process(job, python, env)
     with process:
         process.adopt(workdir, task_env, index, host)
         if job.verbose >= 2:
-            reporter.follow(os.path.join(workdir, LOG_FILE))
-        shard = os.path.join(workdir, "shard.arrow")
-        shard_checksum = None
-        if job.kind == "fit":
-            if job.source is not None:  # a plain Parquet scan, read here rather than through Spark
-                batches = parquet_source.read(job.source[index], job.layout.columns)
-            rows, shard_checksum = shards.write(batches, shard, job.layout)
-        elif job.kind == "apply":
-            rows = shards.write_partition(batches, shard)
-        else:
-            rows = 0
+            link.follow(os.path.join(workdir, protocol.LOG_FILE))
+        shard = os.path.join(workdir, protocol.SHARD_FILE)
+        rows, shard_checksum = job.write_input(batches, shard, index)
         timings["data_shard"] = time.time() - spawned  # while the training process imports TensorFlow
-        reporter.event(f"partition written: {rows} rows")
-        port = process.receive("port", timeout=STARTUP_TIMEOUT)["port"]
+        link.event(f"partition written: {rows} rows")
+        port = process.receive(protocol.PORT, timeout=settings.STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - spawned
-        reporter.event(f"training process ready on port {port}")
+        link.event(f"training process ready on port {port}")
         gathered = time.time()
-        peers, how = rendezvous.gather(context, {"host": host, "port": port, "rows": rows}, reporter, job.attempt)
+        peers, how = rendezvous.gather(context, link, {"host": host, "port": port, "rows": rows}, job.attempt)
         timings["rendezvous"] = time.time() - gathered
-        reporter.event(f"rendezvous: {len(peers)} workers (through {how})")
-        if job.kind == "fit":
-            _check_shards(peers)
-        steps = job.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], job.batch_size)
-        process.send(
-            event="config", tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps, shard=shard,
-            rows=rows,
-        )
-        forward = lambda message: reporter.send("progress", **message)  # noqa: E731
-        process.receive("done", stall_timeout=job.stall_timeout, on_message=forward)
-        with open(os.path.join(workdir, RESULT_FILE), "rb") as f:
-            result = pickle.load(f)
-        process.stop(grace=EXIT_GRACE)
+        link.event(f"rendezvous: {len(peers)} workers through {how} in {timings['rendezvous']:.3f} s")
+        job.check_peers(peers)
+        steps = job.agree_steps(peers)
+        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps,
+                     shard=shard, rows=rows)
+        forward = lambda message: link.send("progress", **message)  # noqa: E731
+        process.receive(protocol.DONE, stall_timeout=job.stall_timeout, on_message=forward)
+        report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
+        process.stop(grace=settings.EXIT_GRACE)
     if job.warm_start:
         spares.leave(python, env)
-    result["timings"].update(timings)
-    result.update(index=index, host=host, port=port, rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps,
-                  executor=context.getTaskInfos()[index].address, gpus=task_env["CUDA_VISIBLE_DEVICES"],
-                  environment=environment_info, warm_start=warm, task_started_at=started)
-    return result
+    return WorkerResult.of_task(
+        report, timings, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
+        rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps, gpus=task_env[settings.GPUS_ENV],
+        environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started,
+    )
 
 
 def barrier_function(job):
-    """The function handed to ``mapInArrow(..., barrier=True)``: one result row per task."""
+    """The function handed to ``mapInArrow(..., barrier=True)``: the task's WorkerResult, in rows of
+    protocol.RESULT_SCHEMA. Its failure carries the tfbarrier error (errors.encode) to the driver."""
 
     def run_task(batches):
         from pyspark import BarrierTaskContext
 
         context = BarrierTaskContext.get()
-        workdir = tempfile.mkdtemp(prefix=f"tfbarrier-{job.job_id}-{context.partitionId()}-")
-        reporter = progress.Reporter(job.progress, context.partitionId())
+        index = context.partitionId()
+        workdir = tempfile.mkdtemp(prefix=f"tfbarrier-{job.job_id}-{index}-")
+        link = driver_link.DriverLink(job.link, index)
         try:
-            result = _train(job, context, batches, workdir, reporter)
+            result = _run(job, context, batches, workdir, link)
         except TfBarrierError as exc:
             raise RuntimeError(errors.encode(exc)) from None
         except Exception as exc:
-            error = WorkerError(
-                f"task {context.partitionId()} failed: {type(exc).__name__}: {exc}",
-                worker=context.partitionId(), exc_type=type(exc).__name__,
-            )
+            error = WorkerError(f"task {index} failed: {type(exc).__name__}: {exc}", worker=index,
+                                exc_type=type(exc).__name__)
             raise RuntimeError(errors.encode(error)) from exc
         finally:
-            reporter.close()
+            link.close()
             shutil.rmtree(workdir, ignore_errors=True)
-        payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-        for number, start in enumerate(range(0, len(payload), CHUNK)):
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([result["index"]], pa.int32()), pa.array([number], pa.int32()),
-                 pa.array([payload[start:start + CHUNK]], pa.binary())],
-                schema=_ARROW_RESULT_SCHEMA,
-            )
+        yield from protocol.result_batches(index, result)
 
     return run_task

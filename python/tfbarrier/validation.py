@@ -6,9 +6,9 @@ import math
 import numbers
 import os
 
+from . import shards
 from .errors import ColumnError, InvalidArgumentError, ModelError
 from .job import pickle_user_code
-from . import shards
 from .shards import Layout
 
 

@@ -21,14 +21,16 @@ os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 
 
 def run_driver(script, *args, timeout=420):
-    """Run ``script`` (a driver program next to this file) in a Python process of its own and return
-    the JSON of its ``RESULT `` line; fails the test with the end of its stderr when there is none."""
+    """Run ``support/<script>`` (a driver program) in a Python process of its own, with this folder on
+    its path, and return the JSON of its ``RESULT `` line; fails the test with the end of its stderr
+    when there is none."""
     import json
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, os.path.join(here, script), *args], capture_output=True, text=True,
-                         timeout=timeout, cwd=here)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, os.path.join(here, "support", script), *args], capture_output=True,
+                         text=True, timeout=timeout, cwd=here, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines and out.returncode == 0, out.stderr[-4000:]
     return json.loads(lines[0][7:])
@@ -50,7 +52,7 @@ def training_processes(spares=False, tag=None):
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if ("tfbarrier.worker" in " ".join(proc.info["cmdline"] or [])
+            if ("tfbarrier.training_process" in " ".join(proc.info["cmdline"] or [])
                     and proc.status() != psutil.STATUS_ZOMBIE
                     and (spares or not _is_spare(proc.pid))
                     and proc.environ().get("TFBARRIER_TEST_SESSION") == (tag or SESSION_TAG)):

@@ -21,3 +21,9 @@ def test_validation_error_class_is_kept():
 
 def test_text_without_a_tfbarrier_error_decodes_to_none():
     assert errors.decode("java.lang.OutOfMemoryError") is None
+
+
+def test_a_timeout_keeps_answering_to_its_former_name_in_python_and_r():
+    error = errors.JobTimeoutError("ran past its timeout")
+    assert isinstance(error, errors.FitTimeoutError)
+    assert errors.class_names(error) == ["JobTimeoutError", "FitTimeoutError", "TfBarrierError"]

@@ -6,10 +6,10 @@ import time
 
 import pytest
 from conftest import digits_cnn, training_processes
+from support import faults
 
-import faults
 import tfbarrier
-from tfbarrier.errors import FitTimeoutError, WorkerError, WorkerStalledError
+from tfbarrier.errors import JobTimeoutError, WorkerError, WorkerStalledError
 
 
 def port_is_free(endpoint):
@@ -56,7 +56,7 @@ def test_a_hanging_worker_is_caught_by_the_stall_watchdog(digits_df):
 
 def test_timeout_cancels_the_whole_fit(digits_df):
     started = time.time()
-    with pytest.raises(FitTimeoutError, match="ran past its timeout of 30 s"):
+    with pytest.raises(JobTimeoutError, match="ran past its timeout of 30 s"):
         fit(digits_df, callbacks=faults.hang(worker=0, epoch=1), stall_timeout=None, timeout=30)
     assert time.time() - started < 30 + 20
     assert training_processes() == []

@@ -12,7 +12,7 @@ import tfbarrier
 from tfbarrier.errors import ClusterError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE_GPUS = os.path.join(HERE, "fake_gpus.sh")
+FAKE_GPUS = os.path.join(HERE, "support", "fake_gpus.sh")
 
 
 def fit_elsewhere(master, conf, **kwargs):

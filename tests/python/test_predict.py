@@ -73,14 +73,14 @@ def test_empty_partitions_and_partitions_smaller_than_a_batch(spark, model, rows
 def test_model_is_loaded_once_per_python_worker_not_per_batch(spark, model, rows, tmp_path):
     log = tmp_path / "loads.log"
     env = spark.sparkContext.environment  # executor environment of the jobs submitted from now on
-    env[tfbarrier.inference.MODEL_LOAD_LOG] = str(log)
+    env[tfbarrier.settings.MODEL_LOAD_LOG_ENV] = str(log)
     try:
         df = spark.createDataFrame(rows).repartition(4)
         scored = tfbarrier.predict(df, model, features="pixels", batch_size=16)  # 600 rows: ~40 batches
         assert scored.count() == len(rows)
         scored.collect()  # a second job over the same tasks reuses the Python workers' cached model
     finally:
-        del env[tfbarrier.inference.MODEL_LOAD_LOG]
+        del env[tfbarrier.settings.MODEL_LOAD_LOG_ENV]
     pids = [line.split()[0] for line in log.read_text().splitlines()]
     assert 1 <= len(pids) <= 2  # local[2]: at most two Python workers, one load each
     assert len(set(pids)) == len(pids)

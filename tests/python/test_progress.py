@@ -1,15 +1,13 @@
-"""Live progress and logs on the driver; training curves as pictures."""
+"""Live progress and logs on the driver (progress.py), as a user sees them; training curves as pictures."""
 
 import json
 import socket
-import time
 
 import psutil
 import pytest
 from conftest import digits_cnn
 
 import tfbarrier
-from tfbarrier.progress import ProgressServer
 
 
 def say_hello_from_worker_1():
@@ -61,8 +59,8 @@ def test_verbose_2_shows_every_workers_log_lines_and_a_progress_bar(verbose_fit)
     output = verbose_fit[1]
     assert "[worker 1] hello from worker 1" in output
     # Every task reached the driver, so the rendezvous went through it rather than Spark's allGather.
-    assert "[worker 1] rendezvous: 2 workers (through driver)" in output
-    assert "[worker 0] rendezvous: 2 workers (through driver)" in output
+    assert "[worker 1] rendezvous: 2 workers through driver" in output
+    assert "[worker 0] rendezvous: 2 workers through driver" in output
     assert "epoch 3: loss" in output and "step" in output
 
 
@@ -90,85 +88,20 @@ def test_history_frame_has_one_row_per_epoch(verbose_fit):
     assert list(frame.columns) == ["loss", "accuracy"] and list(frame.index) == [1, 2, 3]
 
 
-def test_a_message_with_a_wrong_token_is_rejected():
-    server = ProgressServer("127.0.0.1", verbose=0)
-    try:
-        for token in ("not-the-token", server.token):
-            with socket.create_connection((server.host, server.port)) as s:
-                s.sendall(json.dumps({"token": token}).encode() + b"\n")
-                s.sendall(json.dumps({"kind": "event", "worker": 0, "event": f"sent with {token}"}).encode() + b"\n")
-        deadline = time.time() + 5
-        while not server.events and time.time() < deadline:
-            time.sleep(0.05)
-    finally:
-        server.close()
-    assert [m["event"] for m in server.events] == [f"sent with {server.token}"]
-    assert server.rejected == 1
-    with socket.socket() as s:  # nothing listens once the server is closed (REUSEADDR: its closed
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections may sit in TIME_WAIT)
-        s.bind(("127.0.0.1", server.port))
-        s.listen()
+def test_when_no_task_reaches_the_driver_the_user_is_warned_that_progress_was_unavailable():
+    from tfbarrier.driver_link import DriverLink, DriverServer
+    from tfbarrier.progress import ProgressDisplay, ProgressUnavailableWarning
 
-
-def test_an_unreachable_driver_costs_the_workers_nothing_and_the_driver_warns():
-    from tfbarrier.progress import ProgressUnavailableWarning, Reporter
-
-    server = ProgressServer("127.0.0.1", verbose=1)
+    display = ProgressDisplay(verbose=1)
+    server = DriverServer("127.0.0.1", on_message=display.show)
     with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task
         closed.bind(("127.0.0.1", 0))
         unreachable = {**server.endpoint, "port": closed.getsockname()[1]}
-    reporter = Reporter(unreachable, worker=0)
-    reporter.event("started")  # no exception, no delay: training goes on
-    reporter.send("progress", steps=1)
-    reporter.close()
+    link = DriverLink(unreachable, worker=0)
+    link.event("started")  # no exception, no delay: training goes on
+    link.send("progress", steps=1)
+    link.close()
+    server.close()
     with pytest.warns(ProgressUnavailableWarning, match="no progress reached the driver"):
-        server.close()
+        display.close(server)
     assert server.events == []
-
-
-def _gather_in_threads(reporters, attempt=1):
-    import threading
-
-    answers = {}
-    threads = [threading.Thread(target=lambda r=r: answers.__setitem__(r.worker, r.gather(attempt, {"w": r.worker})))
-               for r in reporters]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    return answers
-
-
-def test_the_driver_hands_every_task_the_peers_in_task_order():
-    from tfbarrier.progress import Reporter
-
-    server = ProgressServer("127.0.0.1", verbose=0, workers=3)
-    reporters = [Reporter(server.endpoint, worker=w) for w in (2, 0, 1)]
-    try:
-        answers = _gather_in_threads(reporters)
-    finally:
-        for reporter in reporters:
-            reporter.close()
-        server.close()
-    assert answers == {w: [{"w": 0}, {"w": 1}, {"w": 2}] for w in range(3)}
-    assert server.events == []  # a rendezvous is not a progress message
-
-
-def test_when_one_task_cannot_reach_the_driver_every_task_falls_back_to_allgather():
-    from tfbarrier.progress import Reporter
-
-    server = ProgressServer("127.0.0.1", verbose=0, workers=2, rendezvous_wait=1.0)
-    connected, unreachable = Reporter(server.endpoint, worker=0), Reporter(None, worker=1)
-    try:
-        started = time.monotonic()
-        answers = _gather_in_threads([connected, unreachable])
-        waited = time.monotonic() - started
-        late_reporter = Reporter(server.endpoint, worker=1)
-        late = late_reporter.gather(1, {"w": 1})  # after the driver gave up
-        late_reporter.close()
-    finally:
-        connected.close()
-        server.close()
-    assert answers == {0: None, 1: None} and late is None
-    assert waited < 10  # told to fall back after rendezvous_wait, not left waiting
-    # (run() and apply() have no progress server: their tests cover the allGather path end to end.)

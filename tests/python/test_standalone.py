@@ -3,7 +3,7 @@ barrier task runs in its own executor JVM) started on 127.0.0.1 by the test and 
 
 import psutil
 from conftest import run_driver
-from standalone import StandaloneCluster
+from support.standalone import StandaloneCluster
 
 
 def test_fit_on_a_standalone_cluster_with_two_executors():

@@ -1,17 +1,12 @@
-"""The training process of one task: started by the task (or, as a spare, by the task before it in
-the same Spark Python worker), talked to over a socket pair, and never left alive after its task
-ends (killed on failure, on cancel, and when its parent dies).
-
-Task and training process exchange JSON lines over a ``socket.socketpair()``; once adopted, the
-training process writes its output to ``worker.log`` and, when it fails, its exception to
-``error.json``, both in the task's work directory.
+"""The task's handle on its training process: start it (or, as a spare, the task before it in the
+same Spark Python worker does), talk to it (protocol.py), and never leave it alive after the task
+ends (killed on failure, on cancel, and when its parent dies). What runs inside the process is
+training_process.py.
 """
 
 import ctypes
 import ctypes.util
-import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -20,41 +15,11 @@ import sys
 import tempfile
 import time
 
-from . import errors
+from . import errors, protocol, settings
 from .errors import PortClashError, TfBarrierError, WorkerError, WorkerStalledError
+from .protocol import LOG_FILE
 
-LOG_FILE = "worker.log"
-ERROR_FILE = "error.json"
 LOG_TAIL_LINES = 40
-PORT_CLASH_EXIT_CODE = 75  # EX_TEMPFAIL: the port was taken in between; the driver retries
-
-
-class Channel:
-    """Newline-delimited JSON messages over a connected socket."""
-
-    def __init__(self, sock):
-        self._sock = sock
-        self._buffer = b""
-
-    def send(self, **message):
-        self._sock.sendall(json.dumps(message).encode() + b"\n")
-
-    def poll(self, timeout):
-        """The next message, or None when none arrived within ``timeout`` seconds.
-        Raises EOFError when the other side closed the socket."""
-        while b"\n" not in self._buffer:
-            ready, _, _ = select.select([self._sock], [], [], timeout)
-            if not ready:
-                return None
-            chunk = self._sock.recv(65536)
-            if not chunk:
-                raise EOFError("the other side closed the channel")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
-
-    def close(self):
-        self._sock.close()
 
 
 def _prctl(option, value):
@@ -84,7 +49,7 @@ def log_tail(workdir, lines=LOG_TAIL_LINES):
 
 
 class TrainingProcess:
-    """``python -m tfbarrier.worker FD`` started in ``env``. It imports TensorFlow at once, then waits
+    """``python -m tfbarrier.training_process FD`` started in ``env``. It imports TensorFlow at once, then waits
     for the job ``adopt`` sends it, so it can be started ahead of its task (a spare, see spares.py).
     Use it as a context manager so that it is stopped whatever happens in the task."""
 
@@ -100,13 +65,13 @@ class TrainingProcess:
         ours, theirs = socket.socketpair()
         with open(os.path.join(self.home, LOG_FILE), "wb") as log:
             self._proc = subprocess.Popen(
-                [python or sys.executable, "-m", "tfbarrier.worker", str(theirs.fileno())],
+                [python or sys.executable, "-m", "tfbarrier.training_process", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
             )
         theirs.close()
         self.pid = self._proc.pid
-        self.channel = Channel(ours)
+        self.channel = protocol.Channel(ours)
 
     def log_tail(self):
         """The end of the process's output: in the task's work directory once it moved there."""
@@ -120,7 +85,7 @@ class TrainingProcess:
         log there) and the task's own environment variables (GPUs, attempt)."""
         self.workdir, self.worker_index, self.host = workdir, worker_index, host
         open(os.path.join(workdir, LOG_FILE), "ab").close()
-        self.channel.send(event="job", workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),
+        self.channel.send(protocol.JOB, workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),
                           sent_at=time.time())
 
     def __enter__(self):
@@ -129,8 +94,8 @@ class TrainingProcess:
     def __exit__(self, *exc):
         self.stop()
 
-    def send(self, **message):
-        self.channel.send(**message)
+    def send(self, event, **fields):
+        self.channel.send(event, **fields)
 
     def receive(self, event, timeout=None, stall_timeout=None, on_message=None):
         """Wait for the message named ``event``; other messages go to ``on_message``. Raises the
@@ -169,18 +134,13 @@ class TrainingProcess:
         """The exception that describes why the training process exited. A process killed by a
         signal (OOM killer, kill -9) is retryable; an exception in the training code is not."""
         code = self._proc.wait()
-        info = {}
-        try:
-            with open(os.path.join(self.workdir or self.home, ERROR_FILE)) as f:
-                info = json.load(f)
-        except (OSError, ValueError):
-            pass
+        info = protocol.read_error(self.workdir or self.home)
         raised = getattr(errors, info.get("type", ""), None) if info.get("module") == errors.__name__ else None
         if isinstance(raised, type) and issubclass(raised, TfBarrierError) and not issubclass(raised, WorkerError):
             # An error in the model or the data: the same class as on the driver, never retried.
             return errors.from_worker(raised, f"worker {self.worker_index} on {self.host}: {info['message']}",
                                       self.worker_index, self.host, self.log_tail())
-        cls = PortClashError if code == PORT_CLASH_EXIT_CODE else WorkerError
+        cls = PortClashError if code == protocol.EXIT_PORT_CLASH else WorkerError
         if info:
             what = f"{info['type']}: {info['message']}"
         elif code < 0:
@@ -192,7 +152,7 @@ class TrainingProcess:
             fields["retryable"] = code < 0
         return cls(f"worker {self.worker_index} on {self.host} failed: {what}", **fields)
 
-    def stop(self, grace=5.0):
+    def stop(self, grace=settings.STOP_GRACE):
         """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds) and reap it."""
         self.channel.close()
         if self._proc.poll() is None:

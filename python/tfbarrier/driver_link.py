@@ -1,0 +1,164 @@
+"""The link between the driver and its tasks while a job runs: a small TCP server on the driver's
+address (``DriverServer``) and each task's connection to it (``DriverLink``).
+
+A task connects back, sends the job's secret token first (a connection without it is closed), then
+JSON lines, each a message with a ``kind`` and the task's ``worker`` index. Most are one way: events,
+progress and log lines, which the server keeps (``events``) and hands to ``on_message`` (the progress
+display). A request (``DriverLink.request``, the rendezvous) gets one line back from the handler of
+its kind. The link is a convenience, never a dependency: a task that cannot reach the driver trains
+on, its sends do nothing and its requests answer None.
+"""
+
+import json
+import secrets
+import socket
+import socketserver
+import threading
+import time
+
+from . import settings
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    def handle(self):
+        server = self.server.owner
+        try:
+            hello = json.loads(self.rfile.readline())
+        except ValueError:
+            hello = {}
+        if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("token", "")), server.token):
+            server.rejected += 1
+            return  # closing the connection is the answer
+        for line in self.rfile:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            server.dispatch(message, self._reply)
+
+    def _reply(self, message):
+        try:
+            self.wfile.write(json.dumps(message).encode() + b"\n")
+        except OSError:
+            pass  # the task is gone; its stage fails without the driver's help
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class DriverServer:
+    """The driver's end. ``requests`` maps a request kind to ``handler(message, reply)``; every other
+    message is kept in ``events`` (with its arrival time) and passed to ``on_message``."""
+
+    def __init__(self, host, on_message=None, requests=None):
+        self.token = secrets.token_hex(16)
+        self.on_message = on_message
+        self.requests = dict(requests or {})
+        self.events = []
+        self.rejected = 0
+        self._lock = threading.Lock()
+        self._server = _TCPServer((host, 0), _Handler)
+        self._server.owner = self
+        self.host, self.port = host, self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="tfbarrier-link", daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self):
+        """What a task needs to connect: host, port, token."""
+        return {"host": self.host, "port": self.port, "token": self.token}
+
+    def dispatch(self, message, reply):
+        handler = self.requests.get(message.get("kind"))
+        if handler is not None:
+            handler(message, reply)
+            return
+        message["received_at"] = time.time()
+        with self._lock:
+            self.events.append(message)
+            if self.on_message is not None:
+                self.on_message(message)
+
+    def workers_heard(self):
+        return {m.get("worker") for m in self.events}
+
+    def close(self):
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class DriverLink:
+    """A task's end. Thread-safe; silently does nothing when the driver cannot be reached."""
+
+    def __init__(self, endpoint, worker):
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._closed = threading.Event()  # stops the log followers
+        self._followers = []
+        self._sock = self._replies = None
+        if not endpoint:
+            return
+        try:
+            self._sock = socket.create_connection((endpoint["host"], endpoint["port"]),
+                                                  timeout=settings.CONNECT_TIMEOUT)
+            self._sock.settimeout(None)
+            self._sock.sendall(json.dumps({"token": endpoint["token"]}).encode() + b"\n")
+            self._replies = self._sock.makefile("rb")
+        except OSError:
+            self._sock = None
+
+    def send(self, kind, **fields):
+        if self._sock is None:
+            return
+        line = json.dumps({"kind": kind, "worker": self.worker, "sent_at": time.time(), **fields}).encode() + b"\n"
+        with self._lock:
+            try:
+                self._sock.sendall(line)
+            except OSError:
+                self._sock = None
+
+    def request(self, kind, **fields):
+        """Send a request and wait for the driver's one-line answer (its handler must answer); None when
+        the driver cannot be reached. One request at a time per link."""
+        if self._sock is None:
+            return None
+        self.send(kind, **fields)
+        try:
+            line = self._replies.readline()
+            return json.loads(line) if line else None
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def event(self, name, **fields):
+        self.send("event", event=name, **fields)
+
+    def follow(self, path):
+        """Send the lines appended to ``path`` as ``log`` messages, in a thread of its own, until the link
+        is closed (and the file's last lines are sent)."""
+
+        def run():
+            with open(path, "rb") as f:
+                while True:
+                    line = f.readline()
+                    if line:
+                        self.send("log", line=line.decode("utf-8", "replace").rstrip())
+                    elif self._closed.is_set():
+                        return
+                    else:
+                        time.sleep(0.2)
+
+        thread = threading.Thread(target=run, name="tfbarrier-log-follower", daemon=True)
+        thread.start()
+        self._followers.append(thread)
+        return thread
+
+    def close(self):
+        self._closed.set()
+        for thread in self._followers:
+            thread.join(settings.LOG_DRAIN)
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None

@@ -1,0 +1,214 @@
+"""The ``fit`` kind of job: Keras ``model.fit`` under MultiWorkerMirroredStrategy on each task's shard.
+
+In the task: the partition (or the task's slices of a plain Parquet scan) is streamed to the shard
+file, and every worker must have rows. In the training process: the strategy, the model built in its
+scope, the streaming tf.data pipeline of the shard, tfbarrier's callbacks (progress heartbeat, epoch
+log, BackupAndRestore, TensorBoard) and the user's, then ``model.fit``.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import cloudpickle
+
+from . import parquet_source, protocol, rendezvous, shards, validation
+from .errors import ColumnError, InvalidArgumentError
+from .job import Job, port_clash_is_retryable
+from .model_spec import save_archive, weights_checksum
+from .results import ProcessReport
+
+
+@dataclasses.dataclass
+class FitJob(Job):
+    """``fit``: what to train (the model, which columns), how (epochs, batch, shuffling, callbacks)
+    and where its state goes (checkpoints, TensorBoard)."""
+
+    model: object = None  # ModelSpec
+    layout: object = None  # shards.Layout
+    source: list = None  # per worker, the parquet_source.Slices its task reads; None: its partition
+    epochs: int = 1
+    batch_size: int = 32  # global batch size, split evenly across workers
+    steps_per_epoch: int = None  # None: one pass over all rows per epoch
+    seed: int = None
+    shuffle: bool = True
+    shuffle_buffer: int = None  # rows; None: shards.SHUFFLE_BUFFER_ROWS, at most SHUFFLE_BUFFER_BYTES of them
+    callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
+    checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
+    tensorboard_dir: str = None  # the chief's TensorBoard logs
+
+    # ---- in the task ----
+    def write_input(self, batches, path, index):
+        if self.source is not None:  # a plain Parquet scan, read here rather than through Spark
+            batches = parquet_source.read(self.source[index], self.layout.columns)
+        return shards.write(batches, path, self.layout)
+
+    def check_peers(self, peers):
+        empty = [i for i, peer in enumerate(peers) if peer["rows"] == 0]
+        if empty:
+            raise InvalidArgumentError(
+                f"partition(s) {empty} of the training data are empty, so those workers have nothing to "
+                "train on: repartition the DataFrame (df.repartition(num_workers)) or use fewer workers"
+            )
+
+    def agree_steps(self, peers):
+        return self.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], self.batch_size)
+
+    # ---- in the training process ----
+    def execute(self, tf, config, channel):
+        index = config["tf_config"]["task"]["index"]
+        shard = shards.Shard.open(config["shard"], config["rows"])
+        timings = {}
+        started = time.time()
+        with port_clash_is_retryable():
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        if self.seed is not None:
+            import tf_keras
+
+            tf_keras.utils.set_random_seed(self.seed)
+        with strategy.scope():
+            model = self.model.build()
+        input_shape = tuple(model.input_shape[1:])
+        _check_input(shard, input_shape)
+        baseline_mb, _ = _resident_mb()
+        seed = None if self.seed is None else self.seed + index
+        dataset = strategy.distribute_datasets_from_function(
+            shards.dataset_fn(shard, input_shape, self.batch_size, seed, self.shuffle, self.shuffle_buffer)
+        )
+        timings["strategy_and_model"] = time.time() - started
+        progress, epoch_log, callbacks = _callbacks(channel, self, is_chief=index == 0)
+        started = time.time()
+        _train(tf, model, dataset, shard, input_shape, epochs=self.epochs,
+               steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
+        timings["training"] = time.time() - started
+        if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
+            timings["first_step"] = progress.first_step_at - started
+        weights = model.get_weights()
+        finished_at, (_, peak_mb) = time.time(), _resident_mb()
+        output = {}
+        if index == 0:
+            output["history"] = {key: [epoch[key] for epoch in epoch_log.epochs]
+                                 for key in (epoch_log.epochs or [{}])[0]}
+            output["weights"] = weights
+        if self.model.flavor == "function":
+            # Every worker saves (variable reads may be collective); only the chief's archive is kept.
+            archive = save_archive(model)
+            if index == 0:
+                output["archive"] = archive
+        return ProcessReport(
+            timings=timings, python_prefix=sys.prefix, steps=progress.steps, checksum=weights_checksum(weights),
+            memory={"baseline_mb": baseline_mb, "peak_mb": peak_mb}, first_step_at=progress.first_step_at,
+            finished_at=finished_at, initial_epoch=epoch_log.initial_epoch or 0, output=output,
+        )
+
+
+def _callbacks(channel, job, is_chief):
+    """tfbarrier's own Keras callbacks: step clock and progress heartbeat, the epoch log, and
+    BackupAndRestore when there is a checkpoint directory; then the user's."""
+    import tf_keras
+
+    class Progress(tf_keras.callbacks.Callback):
+        """Counts steps, notes the first one, and tells the task (at most once a second) that
+        training moves: the task's stall watchdog listens for it."""
+
+        def __init__(self):
+            super().__init__()
+            self.steps = 0  # steps run by this process
+            self.skipped = 0  # steps of the epochs a resumed run did not have to run again
+            self.first_step_at = None
+            self._last_sent = 0.0
+
+        def _send(self, **fields):
+            self._last_sent = time.monotonic()
+            channel.send(protocol.PROGRESS, steps=self.skipped + self.steps, **fields)
+
+        def on_train_begin(self, logs=None):
+            self._send(total_steps=self.params["epochs"] * self.params["steps"])
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.steps += 1
+            if self.first_step_at is None:
+                self.first_step_at = time.time()
+            if time.monotonic() - self._last_sent >= 1.0:
+                loss = (logs or {}).get("loss")
+                self._send(loss=None if loss is None else float(loss))
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.steps == 0:
+                self.skipped = epoch * self.params["steps"]
+
+        def on_epoch_end(self, epoch, logs=None):
+            self._send(epoch=epoch, logs={k: float(v) for k, v in (logs or {}).items()})
+
+    class EpochLog(tf_keras.callbacks.Callback):
+        """Per-epoch logs across resumed attempts. The chief keeps them in the checkpoint directory
+        before BackupAndRestore saves the epoch, so the log never lags the checkpoint; on resume,
+        entries past the restored epoch are dropped."""
+
+        def __init__(self):
+            super().__init__()
+            self.path = os.path.join(job.checkpoint_dir, "epochs.json") if job.checkpoint_dir else None
+            self.epochs = []
+            self.initial_epoch = None
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if self.initial_epoch is None:
+                self.initial_epoch = epoch
+                if self.path and os.path.exists(self.path):
+                    with open(self.path) as f:
+                        self.epochs = json.load(f)[:epoch]
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
+            if self.path and is_chief:
+                tmp = self.path + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(self.epochs, f)
+                os.replace(tmp, self.path)
+
+    progress, epoch_log = Progress(), EpochLog()
+    callbacks = [progress, epoch_log]
+    if job.checkpoint_dir:
+        callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(job.checkpoint_dir, "backup")))
+    if job.tensorboard_dir and is_chief:
+        callbacks.append(tf_keras.callbacks.TensorBoard(job.tensorboard_dir))
+    if job.callbacks:
+        callbacks.extend(cloudpickle.loads(job.callbacks)())
+    return progress, epoch_log, callbacks
+
+
+def _resident_mb():
+    """(current, peak) resident memory of this process in MB (current is None off Linux)."""
+    import resource
+
+    try:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        current = None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
+    return current, peak / (2**20 if sys.platform == "darwin" else 1024)
+
+
+def _check_input(shard, input_shape):
+    """A model function's input shape is known only here."""
+    if shard.images:
+        validation.check_image_input(input_shape)
+    else:
+        validation.check_input_width(shard.width, input_shape)
+
+
+def _train(tf, model, dataset, shard, input_shape, **fit_args):
+    """``model.fit``; an image that does not decode becomes a ColumnError naming its row."""
+    try:
+        model.fit(dataset, verbose=0, **fit_args)
+    except tf.errors.InvalidArgumentError:  # what decode_image raises (a failed peer is another error)
+        bad = shards.first_undecodable(shard, input_shape) if shard.images else None
+        if bad is None:
+            raise
+        raise ColumnError(
+            f"row {bad[0]} of this worker's partition does not decode as an image ({bad[1]}): the image "
+            "column must hold whole PNG, JPEG, GIF or BMP files; filter out the broken ones first"
+        ) from None

@@ -1,0 +1,144 @@
+"""What a job hands back: a training process's ``ProcessReport`` to its task, each task's
+``WorkerResult`` to the driver, and ``FitResult``, what ``fit`` returns."""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class ProcessReport:
+    """What a training process reports to its task (protocol.RESULT_FILE). Every field is also a
+    field of WorkerResult; the job kind fills in those it knows."""
+
+    timings: dict  # seconds per phase in the process: tensorflow_import, strategy_and_model, training...
+    python_prefix: str  # the process's sys.prefix
+    steps: int = None  # steps this process ran (fit)
+    checksum: str = None  # of the final weights (fit): equal on every worker when replicas stayed in sync
+    memory: dict = None  # resident memory in MB: baseline_mb once set up, peak_mb (fit)
+    first_step_at: float = None  # the process's clock at its first step (fit; None if a resumed fit had none)
+    finished_at: float = None  # ... when its work ended
+    initial_epoch: int = 0  # the epoch a resumed fit started from
+    output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns
+
+
+@dataclasses.dataclass
+class WorkerResult(ProcessReport):
+    """One barrier task's result, built by the task (``of_task``) and read by the driver: what the
+    task did (its data, its rendezvous) and what its training process reported. ``public()`` is the
+    part a user sees, in ``FitResult.workers``."""
+
+    index: int = None
+    host: str = None
+    executor: str = None  # Spark's address of the executor
+    port: int = None  # the training process's TensorFlow port
+    rows: int = None  # rows of the task's shard
+    shard_checksum: str = None  # sha256 of those rows (fit)
+    steps_per_epoch: int = None
+    gpus: str = None  # the process's CUDA_VISIBLE_DEVICES
+    environment: dict = None  # path, built, seconds; None for the executor's own Python
+    warm_start: bool = False  # the process was a spare that had imported TensorFlow already
+    rendezvous_via: str = None  # how the peers met: "driver" (its link) or "allGather" (Spark's fallback)
+    task_started_at: float = None
+
+    PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
+              "python_prefix", "warm_start", "checksum", "shard_checksum", "memory", "finished_at", "timings")
+
+    @classmethod
+    def of_task(cls, report, timings, **task):
+        """The task's own ``task`` fields and ``timings`` joined with its process's ``report``."""
+        reported = {f.name: getattr(report, f.name) for f in dataclasses.fields(ProcessReport)}
+        return cls(**{**reported, "timings": {**report.timings, **timings}}, **task)
+
+    def public(self):
+        """The fields of ``FitResult.workers``: plain values R turns into a data.frame row."""
+        return {name: getattr(self, name) for name in self.PUBLIC}
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What ``fit`` returns.
+
+    model:    the trained Keras model, on the driver (same Keras as the model passed in; tf_keras for a
+              model function)
+    history:  per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}
+    timings:  seconds: prepare (the driver's checks, the data's profile included), stage_start (from
+              submitting the barrier stage to the chief's task starting: Spark's scheduling, and any
+              shuffle the data needs first), environment, data_shard, worker_start, rendezvous,
+              strategy_and_model, first_step, training (the chief's), time_to_first_step (from the
+              fit() call), total
+    workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
+              steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
+              every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
+              environment (path, built, seconds; None for the executor's own Python), python_prefix
+              (sys.prefix of its training process), warm_start (True when it trained in the spare
+              process its Spark Python worker kept, TensorFlow already imported), finished_at (its
+              clock when training ended), memory (its training process's resident memory in MB:
+              baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
+              timings
+    attempts: one dict per submission of the barrier job: attempt, error (None for the one that
+              succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
+    progress: the messages the workers streamed to the driver during the fit (kind, worker,
+              sent_at, received_at, ...), as shown live at verbose=1 and 2
+    """
+
+    model: object
+    history: dict
+    timings: dict
+    workers: list
+    attempts: list = dataclasses.field(default_factory=list)
+    progress: list = dataclasses.field(default_factory=list, repr=False)
+
+    def history_frame(self):
+        """``history`` as a pandas DataFrame, one row per epoch (numbered from 1)."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.history)
+        frame.index = pd.RangeIndex(1, len(frame) + 1, name="epoch")
+        return frame
+
+    def plot(self, path=None):
+        """Training curves: one panel per metric, its validation twin (val_*) in the same panel.
+        Saves a PNG to ``path`` when given; returns the matplotlib Figure (needs matplotlib)."""
+        import matplotlib.pyplot as plt
+
+        frame = self.history_frame()
+        metrics = [m for m in frame.columns if not m.startswith("val_")]
+        figure, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.2), squeeze=False)
+        for axis, metric in zip(axes[0], metrics):
+            axis.plot(frame.index, frame[metric], marker="o", label=metric)
+            if f"val_{metric}" in frame:
+                axis.plot(frame.index, frame[f"val_{metric}"], marker="o", label=f"val_{metric}")
+                axis.legend()
+            axis.set_title(metric)
+            axis.set_xlabel("epoch")
+        figure.tight_layout()
+        if path is not None:
+            figure.savefig(path)
+        return figure
+
+    @property
+    def num_workers(self):
+        return len(self.workers)
+
+    @property
+    def epochs(self):
+        return len(next(iter(self.history.values()), []))
+
+    @classmethod
+    def from_workers(cls, model, results, attempts, progress, started, submitted, finished):
+        """The result of a fit that started at ``started`` (driver clock), submitted its stage at
+        ``submitted`` and ended at ``finished``; ``results`` are the WorkerResults, chief first."""
+        chief = results[0]
+        timings = {"prepare": submitted - started, "stage_start": chief.task_started_at - submitted,
+                   **chief.timings}
+        if chief.first_step_at is not None:
+            timings["time_to_first_step"] = chief.first_step_at - started
+        timings["total"] = finished - started
+        return cls(model=model, history=chief.output["history"], timings=timings,
+                   workers=[r.public() for r in results], attempts=attempts, progress=progress)
+
+    def __repr__(self):
+        last = ", ".join(f"{k}={v[-1]:.4g}" for k, v in self.history.items() if v)
+        return (
+            f"<FitResult: {self.num_workers} workers, {self.epochs} epochs, {last}; "
+            f"{self.timings.get('total', float('nan')):.1f} s total>"
+        )

@@ -1,0 +1,38 @@
+"""Every timeout and environment variable of tfbarrier, and its own Spark settings, in one place.
+
+Times are in seconds. A user bounds a job through the arguments of ``fit``, ``run`` and ``apply``
+(``timeout``; ``stall_timeout`` for ``fit``); the rest are fixed limits that only a stuck cluster
+reaches. Spark's own settings that tfbarrier reads (``spark.driver.host``, the GPU and allocation
+settings) are read where they are checked, in cluster.py and gpus.py.
+"""
+
+# ---- Spark settings a user can set (spark.conf) --------------------------------------------------
+WARM_START_CONF = "spark.tfbarrier.warmStart"  # false: no spare training processes (spares.py)
+DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"  # false: Parquet goes through Spark (parquet_source.py)
+ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: jobs need allow_unencrypted
+
+# ---- environment variables -----------------------------------------------------------------------
+# Set in every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works with
+# MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up banners
+# are kept out of the logs unless the user set a level of their own.
+TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+TF_CONFIG_ENV = "TF_CONFIG"  # the TensorFlow cluster, set by the training process before the strategy
+GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs of one training process (gpus.py)
+ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2... after resubmissions
+MODEL_LOAD_LOG_ENV = "TFBARRIER_MODEL_LOAD_LOG"  # test hook: a file every predict() model load is logged to
+WORKON_HOME_ENV = "WORKON_HOME"  # where built environments live by default (environment.py)
+# Not inherited by a training process from its Spark Python worker: the task sets its own.
+TASK_ENV = (TF_CONFIG_ENV, GPUS_ENV, ATTEMPT_ENV)
+
+# ---- timeouts, seconds ---------------------------------------------------------------------------
+STALL_TIMEOUT = 300.0  # fit()'s default: a training process silent this long is declared stuck
+STARTUP_TIMEOUT = 300  # for a training process to import TensorFlow and report its port
+EXIT_GRACE = 30  # for a finished training process to exit before it is killed
+STOP_GRACE = 5.0  # for a stopped training process to exit after SIGTERM, before SIGKILL
+CANCEL_GRACE = 60  # for an interrupted Spark job's tasks to wind down
+SLOT_WAIT = 15.0  # for executors to register before the slot check gives up
+CONNECT_TIMEOUT = 5.0  # for a task to connect to the driver's link
+LOG_DRAIN = 2.0  # for a closing task to send its training process's last log lines to the driver
+RENDEZVOUS_WAIT = 30.0  # from a rendezvous' first arrival until every task falls back to Spark's allGather
+BUILD_TIMEOUT = 1800  # for one pip run, and for waiting on another task's environment build
