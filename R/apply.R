@@ -16,9 +16,12 @@
 #' @param timeout Seconds before the job is cancelled (`NULL`: no limit).
 #' @param env The training processes' Python environment, from [tf_env()] (`NULL`: the executors' own).
 #' @param spark As in [spark_tf_fit()].
+#' @param verbose `2` shows what `f` prints in every task on the R console as it comes, prefixed
+#'   `[worker i]`; `0` and `1` do not.
 #' @return A data.frame: the rows every task returned, in task order.
 #' @export
-spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = NULL, env = NULL, spark = NULL) {
+spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = NULL, env = NULL, spark = NULL,
+                           verbose = 1L) {
   if (!is.function(f)) {
     tf_abort("f must be a function(df, barrier)", "InvalidArgumentError")
   }
@@ -35,6 +38,6 @@ spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = N
     types <- as.list(stats::setNames(unname(arrow[columns]), names(columns)))
   }
   result <- tf_call(core$apply(sdf, closure, num_workers = as_int(num_workers), columns = types, timeout = timeout,
-                               env = env))
+                               env = env, verbose = as_int(verbose)))
   as.data.frame(result, stringsAsFactors = FALSE)
 }

@@ -26,6 +26,25 @@ test_that("num_workers = 0 is refused before any Spark job", {
   expect_equal(spark_job_count(spark), jobs)
 })
 
+test_that("a ModelError raised in a training process arrives in R with its class and the worker's log", {
+  skip_if_no_tfbarrier()
+  sdf <- tf_spark_dataframe(test_spark(), digits[1:200, ])
+  main <- reticulate::py_run_string(paste(
+    "def refusing_model():",
+    "    from tfbarrier.errors import ModelError",
+    "    raise ModelError('this model function wants 3 channels')",
+    sep = "\n"
+  ), convert = FALSE)
+  err <- expect_error(
+    spark_tf_fit(sdf, main$refusing_model, features = "pixels", label = "digit", verbose = 0L),
+    class = "ModelError"
+  )
+  expect_s3_class(err, "TfBarrierError")
+  expect_false(inherits(err, "WorkerError"))
+  expect_match(conditionMessage(err), "worker [01] on .*wants 3 channels")
+  expect_match(conditionMessage(err), "last lines of worker [01]'s output")
+})
+
 test_that("missing values in R data are refused before reaching Python", {
   skip_if_no_tfbarrier()
   bad <- data.frame(x = c(1, NA, 3), y = 1:3)
