@@ -22,7 +22,8 @@ def _training_frame(data, layout, num_workers, input_shape):
     """(the DataFrame of the barrier stage, the parquet_source.Source its tasks read or None), once the
     data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
-    pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions."""
+    pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
+    empty."""
     frame = data.select(*layout.columns)
     partitions = cluster.num_partitions(frame)
     source = parquet_source.plan(frame, partitions, layout, num_workers)
@@ -30,7 +31,8 @@ def _training_frame(data, layout, num_workers, input_shape):
     validation.check_profile(profile, layout, num_workers, input_shape)
     if source:
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
-    return (frame if partitions == num_workers else frame.repartition(num_workers)), None
+    keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
+    return (frame if keep else frame.repartition(num_workers)), None
 
 
 def _python_env(spark, env):

@@ -49,8 +49,9 @@ class FitJob(Job):
         empty = [i for i, peer in enumerate(peers) if peer["rows"] == 0]
         if empty:
             raise InvalidArgumentError(
-                f"partition(s) {empty} of the training data are empty, so those workers have nothing to "
-                "train on: repartition the DataFrame (df.repartition(num_workers)) or use fewer workers"
+                f"partition(s) {empty} of the training data are empty, so those workers have nothing to train "
+                "on, although the driver's check found rows for every worker: the data changed in between "
+                "(a non-deterministic DataFrame, e.g. sample() without a seed?); cache() it first"
             )
 
     def agree_steps(self, peers):

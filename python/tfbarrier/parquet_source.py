@@ -41,9 +41,12 @@ class Source:
 
 
 def _footers_vouch_no_nulls(metadata, columns):
-    """True when every column chunk of ``columns`` has a null count of zero in its statistics."""
+    """True when every column chunk of ``columns`` has a null count of zero in its statistics (a row
+    group without rows holds no nulls, with or without statistics)."""
     for group in range(metadata.num_row_groups):
         row_group = metadata.row_group(group)
+        if row_group.num_rows == 0:
+            continue
         for i in range(row_group.num_columns):
             chunk = row_group.column(i)
             if chunk.path_in_schema.split(".")[0] in columns:
@@ -132,10 +135,10 @@ def plan(frame, partitions, layout, num_workers):
     if layout.kind == shards.ARRAY:
         width = next((w for w in (_first_width(p, layout.features[0]) for p, n in files if n) if w is not None), 0)
         profile.update(min_length=width, max_length=width, null_elements=0)
-    if kept:
-        file_rows = dict(files)
+    file_rows = dict(files)
+    if kept and all(sum(file_rows[path] for path in partition) for partition in spark_split):
         slices = [[Slice(path, 0, file_rows[path]) for path in partition] for partition in spark_split]
-    else:
+    else:  # a partition of Spark's without rows would leave its worker nothing: share the rows evenly
         slices = _split(files, rows, num_workers)
     if sum(part.stop - part.start for worker in slices for part in worker) != rows:
         return None  # Spark's split did not cover the files exactly once: let Spark stream them

@@ -172,11 +172,13 @@ def _features_kind(features, types):
 
 
 def profile(df, layout):
-    """One aggregate pass over the training columns: rows, nulls per column and, for an array column,
-    the shortest and longest array and the rows with null elements."""
+    """One aggregate pass over the training columns: rows, the partitions that hold any
+    (``nonempty_partitions``), nulls per column and, for an array column, the shortest and longest
+    array and the rows with null elements."""
     from pyspark.sql import functions as F
 
-    aggregates = [F.count(F.lit(1)).alias("rows")]
+    partition = "__tfbarrier_partition"  # projected first: Spark refuses it inside an aggregate
+    aggregates = [F.count(F.lit(1)).alias("rows"), F.count_distinct(partition).alias("nonempty_partitions")]
     aggregates += [F.count_if(F.col(name).isNull()).alias(f"nulls_{i}") for i, name in enumerate(layout.columns)]
     if layout.kind == shards.ARRAY:
         array = F.col(layout.features[0])
@@ -185,7 +187,7 @@ def profile(df, layout):
             F.max(F.size(array)).alias("max_length"),
             F.count_if(F.exists(array, lambda value: value.isNull())).alias("null_elements"),
         ]
-    return df.agg(*aggregates).collect()[0].asDict()
+    return df.withColumn(partition, F.spark_partition_id()).agg(*aggregates).collect()[0].asDict()
 
 
 def check_profile(profile, layout, num_workers, input_shape):

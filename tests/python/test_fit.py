@@ -72,6 +72,16 @@ def test_uneven_partitions_train_to_the_end(spark, digits):
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
 
 
+def test_a_dataframe_with_an_empty_partition_is_repartitioned_and_trains(spark, digits):
+    train = digits[0]
+    lopsided = partitioned(spark, train, lambda i: 0, 2)  # every row in partition 0, partition 1 empty
+    assert lopsided.rdd.glom().map(len).collect() == [len(train), 0]
+    result = tfbarrier.fit(lopsided, digits_cnn(), features="pixels", label="digit", batch_size=64,
+                           num_workers=2, verbose=0)
+    rows = [w["rows"] for w in result.workers]
+    assert min(rows) > 0 and sum(rows) == len(train)
+
+
 def test_one_worker(digits_df, digits):
     result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit",
                            epochs=4, batch_size=64, num_workers=1, seed=1)

@@ -122,6 +122,37 @@ def test_a_scan_whose_partitions_split_files_goes_through_spark(spark, tmp_path)
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
 
 
+def test_a_file_split_into_an_empty_partition_trains_through_spark(spark, tmp_path):
+    import keras
+
+    write_files(tmp_path, [400], row_group=400)  # one row group: Spark's second split of the file gets no row
+    size = (tmp_path / "part-0.parquet").stat().st_size
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(size // 2 + 1))
+    try:
+        df = spark.read.parquet(str(tmp_path))
+        assert sorted(df.rdd.glom().map(len).collect()) == [0, 400]
+        model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        result = tfbarrier.fit(df, model, features="pixels", label="label", batch_size=32, verbose=0)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert sorted(w["rows"] for w in result.workers) == [200, 200]
+
+
+def test_a_spark_partition_of_empty_files_does_not_leave_its_worker_without_rows(spark, tmp_path):
+    write_files(tmp_path, [300])
+    pq.write_table(pq.read_table(tmp_path / "part-0.parquet").slice(0, 0), tmp_path / "part-1.parquet")  # no rows
+    size = (tmp_path / "part-0.parquet").stat().st_size
+    spark.conf.set("spark.sql.files.maxPartitionBytes", str(size))  # whole files, one partition each
+    try:
+        df = spark.read.parquet(str(tmp_path))
+        assert sorted(df.rdd.glom().map(len).collect()) == [0, 300]
+        source, _ = source_of(df)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert [sum(part.stop - part.start for part in slices) for slices in source.slices] == [150, 150]
+
+
 def test_nulls_in_the_footers_send_the_data_through_spark_and_its_checks(spark, tmp_path):
     write_files(tmp_path, [50, 50], with_null=True)
     df = spark.read.parquet(str(tmp_path)).coalesce(1)
