@@ -158,6 +158,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
     gpus.check_batch(batch_size, num_workers, gpus_per_worker)
     cluster.check_encryption(spark, allow_unencrypted)
+    cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     frame, source = _training_frame(data, layout, num_workers, spec.input_shape)
     job = FitJob(
@@ -198,6 +199,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
     gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
+    cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     job = RunJob(function=function, tf_threads=tf_threads, gpus=gpu_plan, env=env,
                  warm_start=cluster.warm_start(spark), started_at=started)
@@ -231,6 +233,7 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     env = _python_env(spark, env)
     gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
+    cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     job = ApplyJob(function=pickle_user_code(fn, fn), input_schema=to_arrow_schema(data.schema),

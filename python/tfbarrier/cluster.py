@@ -4,6 +4,9 @@ rest of tfbarrier works the same in both modes."""
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 import warnings
 
@@ -146,6 +149,46 @@ def driver_resources(spark):
     if is_connect(spark):
         return spark._client._resources()  # what pyspark's TorchDistributor uses under Connect
     return _context(spark).resources
+
+
+EXECUTOR_MODULES = ("pyarrow", "pandas", "tfbarrier")  # what Spark's Python workers import for tfbarrier
+_checked_pythons = set()  # executor interpreters found to have them, in this driver
+
+
+def _executor_python(spark):
+    """The interpreter Spark's Python workers run (classic sessions): spark.pyspark.python, else what
+    the SparkContext took from PYSPARK_PYTHON when it started ("python3" from PATH if unset)."""
+    return spark.conf.get("spark.pyspark.python", None) or _context(spark).pythonExec
+
+
+def missing_module_hint(python, module):
+    """What to tell a user whose executors' Python (``python``; None: not known here) lacks ``module``."""
+    which = f"run {python}, which has" if python else "run a Python that has"
+    return (f"Spark's Python workers {which} no module {module!r}, so no task can start. Run them in a Python "
+            f"that has tfbarrier (this one: set PYSPARK_PYTHON={sys.executable} in the environment before the "
+            "SparkSession starts, or spark.pyspark.python), or run your script from the activated virtualenv")
+
+
+def check_executor_python(spark):
+    """Local mode: refuse at once when the executors' Python lacks what tfbarrier's tasks import (a
+    script run as .venv/bin/python with the venv not activated starts workers with a bare python3)."""
+    if is_connect(spark) or not is_local_mode(spark):
+        return  # other machines: a task's ModuleNotFoundError is translated instead (stage.py)
+    python = _executor_python(spark)
+    resolved = shutil.which(python) or python
+    if os.path.realpath(resolved) == os.path.realpath(sys.executable) or resolved in _checked_pythons:
+        return
+    probe = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
+    try:
+        out = subprocess.run([resolved, "-c", probe, *EXECUTOR_MODULES], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise ClusterError(f"Spark's Python workers run {python!r}, which cannot be started ({exc}): set "
+                           f"PYSPARK_PYTHON={sys.executable} before the SparkSession starts") from None
+    missing = re.search(r"No module named '([^']+)'", out.stderr)
+    if missing:
+        raise ClusterError(missing_module_hint(resolved, missing.group(1)))
+    if out.returncode == 0:
+        _checked_pythons.add(resolved)
 
 
 def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):

@@ -200,6 +200,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     else:
         validation.check_input_width(len(layout.features) if layout.kind == shards.COLUMNS else None, input_shape)
     transform = _output_transform(model, output)
+    cluster.check_executor_python(data.sparkSession)
     archive = cluster.broadcast(data.sparkSession, save_archive(model))
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.functions import arrow_udf

@@ -20,15 +20,16 @@ SESSION_TAG = uuid.uuid4().hex
 os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 
 
-def run_driver(script, *args, timeout=420):
-    """Run ``support/<script>`` (a driver program) in a Python process of its own, with this folder on
-    its path, and return the JSON of its ``RESULT `` line; fails the test with the end of its stderr
+def run_driver(script, *args, timeout=420, env=None):
+    """Run ``support/<script>`` (a driver program) in a Python process of its own (environment ``env``,
+    default this one's), with this folder on its path, and return the JSON of its ``RESULT `` line; fails the test with the end of its stderr
     when there is none."""
     import json
     import subprocess
 
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    env = dict(env or os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, os.path.join(here, "support", script), *args], capture_output=True,
                          text=True, timeout=timeout, cwd=here, env=env)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]

@@ -2,6 +2,7 @@
 Each case runs a driver of its own (these are settings a session starts with)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -43,3 +44,25 @@ def test_settings_are_refused_before_any_spark_job(conf, message):
 
 def test_encryption_refusal_can_be_overridden():
     assert outcome('"spark.ssl.enabled": "true"', "epochs=1, allow_unencrypted=True") == "OUTCOME fitted"
+
+
+@pytest.mark.parametrize("master, calls", [
+    ("local[2]", ("fit", "predict", "apply")),  # found on the driver: no task starts
+    ("local-cluster[2,1,1024]", ("fit", "apply")),  # executors elsewhere: their failure is translated
+])
+def test_executors_whose_python_lacks_the_packages_are_named_with_the_fix(tmp_path, master, calls):
+    from conftest import run_driver
+
+    bare = tmp_path / "python3"  # what `python3` on PATH is for a newcomer: no pyarrow, no tfbarrier
+    bare.write_text("#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n")
+    bare.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PYSPARK_PYTHON", None)
+    outcome = run_driver("bare_python_driver.py", master, env=env)
+    assert outcome["executor_python"] == "python3"
+    for call in calls:
+        assert outcome[call]["error"] == "ClusterError", outcome[call]
+        message = outcome[call]["message"]
+        assert re.search(r"has no module '(pyarrow|pandas|tfbarrier)'", message), message
+        assert f"PYSPARK_PYTHON={sys.executable}" in message
+        assert master != "local[2]" or f"run {bare}, which has no module 'pyarrow'" in message
