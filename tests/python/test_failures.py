@@ -32,7 +32,7 @@ def fit(df, **kwargs):
 def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_behind(digits_df, tmp_path):
     note = tmp_path / "fault.json"
     with pytest.raises(WorkerError) as failure:
-        fit(digits_df, callbacks=faults.raise_error(worker=1, epoch=1, note=str(note)))
+        fit(digits_df, callbacks=faults.raise_error(worker=1, epoch=1, note=str(note)), max_retries=2)
     raised_at = time.time()
     fault = json.loads(note.read_text())
     error = failure.value
@@ -52,6 +52,33 @@ def test_a_hanging_worker_is_caught_by_the_stall_watchdog(digits_df):
         fit(digits_df, callbacks=faults.hang(worker=1, epoch=1), stall_timeout=8)
     assert time.time() - started < 90
     assert training_processes() == []
+
+
+def test_when_retries_run_out_the_last_error_is_raised_with_every_attempt(digits_df):
+    with pytest.raises(WorkerError, match="killed by signal SIGKILL") as failure:
+        fit(digits_df, epochs=2, callbacks=faults.kill_always(worker=1, epoch=0), max_retries=1, verbose=0)
+    attempts = failure.value.attempts
+    assert [a["attempt"] for a in attempts] == [1, 2] and all(a["retryable"] for a in attempts)
+    assert all("killed by signal SIGKILL" in a["error"] for a in attempts)
+    assert training_processes() == []
+
+
+def slow_steps():
+    """Healthy but slow steps: 0.6 s each, so a heartbeat leaves at every step."""
+    import tf_keras
+
+    class Slow(tf_keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(0.6)
+
+    return [Slow()]
+
+
+def test_a_slow_but_healthy_fit_outlives_a_short_stall_timeout(digits_df):
+    # The negative control of the stall watchdog: training lasts several stall_timeouts in all.
+    result = fit(digits_df, epochs=5, steps_per_epoch=10, callbacks=slow_steps, stall_timeout=8, verbose=0)
+    assert len(result.history["loss"]) == 5 and result.workers[0]["steps"] == 50
+    assert result.timings["training"] > 3 * 8
 
 
 def test_timeout_cancels_the_whole_fit(digits_df):

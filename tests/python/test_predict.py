@@ -77,20 +77,24 @@ def test_model_is_loaded_once_per_python_worker_not_per_batch(spark, model, rows
     try:
         df = spark.createDataFrame(rows).repartition(4)
         scored = tfbarrier.predict(df, model, features="pixels", batch_size=16)  # 600 rows: ~40 batches
-        assert scored.count() == len(rows)
-        scored.collect()  # a second job over the same tasks reuses the Python workers' cached model
+        first = scored.toPandas().sort_values("row_id")
+        second = scored.toPandas().sort_values("row_id")  # a second job reuses the Python workers' cached model
     finally:
         del env[tfbarrier.settings.MODEL_LOAD_LOG_ENV]
     pids = [line.split()[0] for line in log.read_text().splitlines()]
     assert 1 <= len(pids) <= 2  # local[2]: at most two Python workers, one load each
     assert len(set(pids)) == len(pids)
+    expected = np.argmax(local_outputs(model, first)[0], axis=1)
+    assert len(first) == len(rows) and (first["prediction"].to_numpy() == expected).all()
+    assert (second["prediction"].to_numpy() == expected).all()
 
 
 def test_a_fit_result_can_be_scored_directly(spark, digits_df):
     result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit",
                            epochs=1, batch_size=64, num_workers=2)
-    scored = tfbarrier.predict(digits_df.limit(20), result, features="pixels", output_col="digit_hat")
-    assert scored.count() == 20 and "digit_hat" in scored.columns
+    scored = tfbarrier.predict(digits_df.limit(20), result, features="pixels", output_col="digit_hat").toPandas()
+    expected = np.argmax(local_outputs(result.model, scored)[0], axis=1)  # the returned model, scored here
+    assert len(scored) == 20 and (scored["digit_hat"].to_numpy() == expected).all()
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -28,5 +28,6 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
 
   scored <- spark_tf_predict(data$held_out[1:20, ], fit, spark = test_spark())
   expect_true("prediction" %in% unlist(scored$columns))
-  expect_equal(scored$count(), 20)
+  on_executors <- scored$select("prediction")$toPandas()$prediction  # runs the scoring UDF, in row order
+  expect_equal(as.integer(on_executors), predict(fit, data$held_out[1:20, ]))
 })
