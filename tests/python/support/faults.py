@@ -54,25 +54,23 @@ def hang(worker, epoch):
     return factory
 
 
-def kill_first_attempt(worker, epoch):
+def _kill(worker, epoch, first_attempt_only):
     def factory():
         def act(current_epoch, batch):
-            first = os.environ.get("TFBARRIER_ATTEMPT") == "1"
-            if first and _worker_index() == worker and current_epoch == epoch and batch == 2:
+            wanted = not first_attempt_only or os.environ.get("TFBARRIER_ATTEMPT") == "1"
+            if wanted and _worker_index() == worker and current_epoch == epoch and batch == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         return [_callback(act)]
 
     return factory
+
+
+def kill_first_attempt(worker, epoch):
+    """Kill the worker in the job's first submission only: a retry succeeds."""
+    return _kill(worker, epoch, first_attempt_only=True)
 
 
 def kill_always(worker, epoch):
     """Kill the worker in every submission of the job: retries cannot help."""
-    def factory():
-        def act(current_epoch, batch):
-            if _worker_index() == worker and current_epoch == epoch and batch == 2:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        return [_callback(act)]
-
-    return factory
+    return _kill(worker, epoch, first_attempt_only=False)
