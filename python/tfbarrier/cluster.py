@@ -161,12 +161,21 @@ def _executor_python(spark):
     return spark.conf.get("spark.pyspark.python", None) or _context(spark).pythonExec
 
 
-def missing_module_hint(python, module):
-    """What to tell a user whose executors' Python (``python``; None: not known here) lacks ``module``."""
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
+
+
+def missing_module_error(text, python=None):
+    """The ClusterError for a Python worker whose failure ``text`` says it lacks a module (``python``:
+    the executors' interpreter, when known here), else None."""
+    missing = _MISSING_MODULE.search(text)
+    if missing is None:
+        return None
     which = f"run {python}, which has" if python else "run a Python that has"
-    return (f"Spark's Python workers {which} no module {module!r}, so no task can start. Run them in a Python "
-            f"that has tfbarrier (this one: set PYSPARK_PYTHON={sys.executable} in the environment before the "
-            "SparkSession starts, or spark.pyspark.python), or run your script from the activated virtualenv")
+    return ClusterError(
+        f"Spark's Python workers {which} no module {missing.group(1)!r}, so no task can start. Run them in a "
+        f"Python that has tfbarrier (this one: set PYSPARK_PYTHON={sys.executable} in the environment before the "
+        "SparkSession starts, or spark.pyspark.python), or run your script from the activated virtualenv"
+    )
 
 
 def check_executor_python(spark):
@@ -184,9 +193,9 @@ def check_executor_python(spark):
     except OSError as exc:
         raise ClusterError(f"Spark's Python workers run {python!r}, which cannot be started ({exc}): set "
                            f"PYSPARK_PYTHON={sys.executable} before the SparkSession starts") from None
-    missing = re.search(r"No module named '([^']+)'", out.stderr)
-    if missing:
-        raise ClusterError(missing_module_hint(resolved, missing.group(1)))
+    error = missing_module_error(out.stderr, resolved)
+    if error is not None:
+        raise error
     if out.returncode == 0:
         _checked_pythons.add(resolved)
 

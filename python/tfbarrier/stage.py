@@ -8,30 +8,27 @@ job runs in a helper thread in a job group of its own, so that the driver can ca
 """
 
 import dataclasses
-import re
 import threading
 import time
 
 from . import cluster, driver_link, errors, progress, protocol, rendezvous, task
-from .errors import ClusterError, JobTimeoutError, PortClashError, WorkerError
+from .errors import JobTimeoutError, PortClashError, WorkerError
 from .settings import CANCEL_GRACE
 
 PORT_CLASH_ATTEMPTS = 3  # port clashes are retried on their own, outside max_retries
 _LOST_TASK_SIGNS = ("ExecutorLostFailure", "Executor lost", "executor lost")
-# A Python worker that cannot import what the task needs (checked on the driver in local mode only).
-_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
 
 
 def _translate(exc):
-    """The tfbarrier error a failed job carries, a retryable WorkerError for a lost executor, or
-    the original exception."""
+    """The tfbarrier error a failed job carries, a ClusterError for Python workers without tfbarrier's
+    packages, a retryable WorkerError for a lost executor, or the original exception."""
     text = str(exc)
     error = errors.decode(text)
     if error is not None:
         return error
-    missing = _MISSING_MODULE.search(text)
-    if missing:
-        return ClusterError(cluster.missing_module_hint(None, missing.group(1)))
+    missing = cluster.missing_module_error(text)  # a Python worker without tfbarrier's packages
+    if missing is not None:
+        return missing
     if any(sign in text for sign in _LOST_TASK_SIGNS):
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         return WorkerError(f"a Spark executor was lost during training: {first}", retryable=True)

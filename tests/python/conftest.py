@@ -22,8 +22,8 @@ os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 
 def run_driver(script, *args, timeout=420, env=None):
     """Run ``support/<script>`` (a driver program) in a Python process of its own (environment ``env``,
-    default this one's), with this folder on its path, and return the JSON of its ``RESULT `` line; fails the test with the end of its stderr
-    when there is none."""
+    default this one's), with this folder on its path, and return the JSON of its ``RESULT `` line;
+    fails the test with the end of its stderr when there is none."""
     import json
     import subprocess
 
