@@ -69,7 +69,7 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
 #' @return A compiled Keras model (a Python object).
 #' @export
 tf_keras_cnn_example <- function(input_shape = c(28L, 28L, 1L), classes = 10L, learning_rate = 0.001) {
-  keras <- reticulate::import("keras")
+  keras <- import_after_tfbarrier("keras")
   layers <- keras$layers
   model <- keras$Sequential(list(
     keras$Input(shape = reticulate::tuple(as.list(as.integer(input_shape)))),

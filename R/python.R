@@ -28,6 +28,13 @@ tfbarrier_python <- function() {
   core <<- reticulate::import("tfbarrier", delay_load = TRUE, convert = TRUE)
 }
 
+# A Python module that imports TensorFlow, imported after tfbarrier: that keeps TensorFlow's start-up
+# banners off R's console (tf_banners.py).
+import_after_tfbarrier <- function(module) {
+  core$tf_banners$install()
+  reticulate::import(module)
+}
+
 #' Is the Python side of tfbarrier available?
 #'
 #' @return `TRUE` when the Python interpreter imports `tfbarrier` and `pyspark`, and Java is on the

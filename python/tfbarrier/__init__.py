@@ -6,11 +6,13 @@ Importing tfbarrier does not import TensorFlow: executors and R sessions pay for
 training processes.
 """
 
-from . import errors
+from . import errors, tf_banners
 from .api import FitResult, apply, fit, run
 from .environment import PythonEnv
 from .frames import spark_frame
 from .inference import predict
+
+tf_banners.install()
 
 __version__ = "0.1.0"
 __all__ = ["FitResult", "PythonEnv", "apply", "errors", "fit", "predict", "run", "spark_frame", "__version__"]

@@ -31,8 +31,9 @@ class ClusterError(TfBarrierError, RuntimeError):
 
 
 class JobTimeoutError(TfBarrierError, TimeoutError):
-    """fit(), run() or apply() ran past its ``timeout``; the Spark job was cancelled and every worker
-    stopped. Also known by its former name, ``FitTimeoutError`` (in R too)."""
+    """fit(), run() or apply() ran past its ``timeout``, which covers every attempt; the Spark job was
+    cancelled and every worker stopped. ``attempts`` lists the attempts, the cancelled one last. Also
+    known by its former name, ``FitTimeoutError`` (in R too)."""
 
     former_names = ("FitTimeoutError",)
 

@@ -102,6 +102,10 @@ def submit_with_retries(frame, job, max_retries=0, timeout=None):
         number = len(attempts) + 1
         try:
             results = submit(frame, dataclasses.replace(job, attempt=number), deadline)
+        except JobTimeoutError as error:  # one deadline for every attempt: no retry after it
+            attempts.append({"attempt": number, "error": _summary(error), "retryable": False})
+            error.attempts = attempts
+            raise
         except WorkerError as error:
             attempts.append({"attempt": number, "error": _summary(error), "retryable": error.retryable})
             if isinstance(error, PortClashError):

@@ -40,6 +40,7 @@ def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_b
     assert error.worker == 1 and error.host and error.exc_type == "ValueError" and not error.retryable
     assert "worker 1 on" in str(error) and "ValueError: injected failure in worker 1 at epoch 1" in str(error)
     assert "injected failure" in error.log  # the worker's own traceback, from its output
+    assert "absl::InitializeLog" not in error.log and "oneDNN" not in error.log  # TensorFlow's banners
     assert training_processes() == []
     assert all(port_is_free(endpoint) for endpoint in fault["workers"])
     assert error.attempts == [{"attempt": 1, "error": str(error).splitlines()[0].join(["WorkerError: ", ""]),
@@ -136,3 +137,46 @@ def test_tensorflows_invalid_argument_error_is_a_worker_error_not_tfbarriers(dig
         fit(labels_out_of_range, epochs=1, verbose=0)
     assert caught.value.exc_type == "InvalidArgumentError"
     assert not isinstance(caught.value, InvalidArgumentError)
+
+
+def test_one_timeout_covers_every_attempt(digits_df):
+    # Every attempt is killed and max_retries would allow 20 more: only the deadline can end the fit.
+    started = time.time()
+    with pytest.raises(JobTimeoutError, match="ran past its timeout of 40 s") as caught:
+        fit(digits_df, epochs=2, callbacks=faults.kill_always(worker=1, epoch=0), max_retries=20, timeout=40,
+            verbose=0)
+    assert time.time() - started < 40 + 60  # not 21 attempts' worth
+    attempts = caught.value.attempts
+    assert len(attempts) >= 2 and all("killed by signal SIGKILL" in a["error"] for a in attempts[:-1])
+    assert attempts[-1]["error"].startswith("JobTimeoutError") and not attempts[-1]["retryable"]
+    assert training_processes() == []
+
+
+def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds(digits_df, monkeypatch):
+    # Worker 0's port is held by this process when TensorFlow binds it (its TF_CONFIG names our port in
+    # the first attempt's rendezvous): a real clash, through the exit code, PortClashError and its retry.
+    from tfbarrier import rendezvous
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    answer = rendezvous.DriverRendezvous.answer
+
+    def answer_with_a_taken_port(self, message, reply):
+        def reply_first_attempt_taken(response):
+            if message.get("attempt") == 1 and "peers" in response:
+                peers = [dict(p, port=held.getsockname()[1]) if i == 0 else p for i, p in enumerate(response["peers"])]
+                response = dict(response, peers=peers)
+            reply(response)
+
+        answer(self, message, reply_first_attempt_taken)
+
+    monkeypatch.setattr(rendezvous.DriverRendezvous, "answer", answer_with_a_taken_port)
+    try:
+        result = fit(digits_df, epochs=1, verbose=0)
+    finally:
+        held.close()
+    first, second = result.attempts
+    assert first["retryable"] and first["error"].startswith("PortClashError")
+    assert second["error"] is None and len(result.history["loss"]) == 1
+    assert training_processes() == []

@@ -1,6 +1,7 @@
 """Importing tfbarrier must stay cheap: no TensorFlow (executors and R sessions pay for it only in
 the training processes)."""
 
+import os
 import subprocess
 import sys
 
@@ -9,3 +10,32 @@ def test_import_does_not_import_tensorflow_or_keras():
     code = "import sys, tfbarrier; print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _import_stderr(code, **env):
+    environ = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env=environ).stderr
+
+
+BANNERS = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard")
+
+
+def test_tensorflows_start_up_banners_stay_off_the_console_after_import_tfbarrier():
+    shown = _import_stderr("import tensorflow")
+    assert all(banner in shown for banner in BANNERS[:2]), shown  # what TensorFlow prints on its own
+    quiet = _import_stderr("import tfbarrier, keras, sys; sys.stderr.write('kept\\n')")
+    assert not any(banner in quiet for banner in BANNERS), quiet
+    assert quiet.strip().splitlines()[-1] == "kept"
+    # Asking TensorFlow for its INFO logs keeps them.
+    assert "oneDNN custom operations" in _import_stderr("import tfbarrier, tensorflow", TF_CPP_MIN_LOG_LEVEL="0")
+
+
+def test_what_tensorflows_import_writes_besides_the_banners_is_kept():
+    code = ("import os, tfbarrier, tfbarrier.tf_banners as b\n"
+            "with b.banners_filtered():\n"
+            "    os.write(2, b'WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n')\n"
+            "    os.write(2, b'I0000 00:00:1795369571.873013   12925 port.cc:153] oneDNN custom operations are on.\\n')\n"
+            "    os.write(2, b'E0000 00:00:1795369571.873013   12925 gpu.cc:12] a real error\\n')\n")
+    assert _import_stderr(code).splitlines() == ["E0000 00:00:1795369571.873013   12925 gpu.cc:12] a real error"]
