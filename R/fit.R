@@ -40,22 +40,29 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 
 #' Score a Spark DataFrame with a trained model, on the executors
 #'
-#' @param sdf A `pyspark` DataFrame (or an R data.frame / Parquet path, converted as in [spark_tf_fit()]).
+#' @param sdf A `pyspark` DataFrame, a sparklyr `tbl_spark`, or an R data.frame / Parquet path
+#'   (converted as in [spark_tf_fit()]).
 #' @param fit A `tfbarrier_fit` or a Keras model.
 #' @param features As in [spark_tf_fit()]; by default the features of `fit`.
 #' @param output_col Name of the prediction column.
 #' @param output `"class"` (class id), `"probabilities"` or `"raw"` model outputs.
 #' @param batch_size Rows per forward pass.
 #' @param spark As in [spark_tf_fit()].
-#' @return A `pyspark` DataFrame: every column of `sdf` plus `output_col`, computed lazily.
+#' @return Every column of `sdf` plus `output_col` (a number, or an array column for
+#'   `"probabilities"` and `"raw"`): a `pyspark` DataFrame computed lazily; for a `tbl_spark`, a
+#'   `tbl_spark` in the same sparklyr connection (computed when it crosses back, through the exchange
+#'   directory described in [tf_spark_dataframe()]). [tf_collect()] brings either into R.
 #' @export
 spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
                              batch_size = 1024L, spark = NULL) {
+  tbl <- sdf
   sdf <- as_spark_dataframe(sdf, spark)
   model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit
   if (is.null(features)) features <- fit$features
-  tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
-                       output = output, batch_size = as_int(batch_size)))
+  scored <- tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
+                                 output = output, batch_size = as_int(batch_size)))
+  if (inherits(tbl, "tbl_spark")) scored <- back_to_sparklyr(scored, tbl)
+  scored
 }
 
 #' The slides' CNN, compiled, as a Keras 3 model

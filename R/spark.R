@@ -113,8 +113,85 @@ tbl_spark_dataframe <- function(spark, tbl) {
   if (!requireNamespace("sparklyr", quietly = TRUE)) {
     tf_abort("a tbl_spark needs the sparklyr package", "InvalidArgumentError")
   }
-  exchange <- getOption("tfbarrier.exchange_dir", tempfile("tfbarrier-exchange-"))
-  path <- file.path(exchange, basename(tempfile("tbl-")))
+  path <- file.path(exchange_dir(), basename(tempfile("tbl-")))
   sparklyr::spark_write_parquet(tbl, path, mode = "overwrite")
   tf_call(spark$read$parquet(path))
+}
+
+# The way back: a pyspark DataFrame into the sparklyr connection of `tbl`. A Python-backed connection
+# (pysparklyr) shares pyspark's session, through a temporary view; any other reads it from Parquet in
+# the exchange directory.
+back_to_sparklyr <- function(sdf, tbl) {
+  sc <- sparklyr::spark_connection(tbl)
+  name <- basename(tempfile("tfbarrier_"))
+  if (inherits(tbl, "tbl_pyspark")) {
+    tf_call(sdf$createOrReplaceTempView(name))
+    return(dplyr::tbl(sc, name))
+  }
+  path <- file.path(exchange_dir(), name)
+  tf_call(sdf$write$mode("overwrite")$parquet(path))
+  sparklyr::spark_read_parquet(sc, name = name, path = path, memory = FALSE)
+}
+
+exchange_dir <- function() getOption("tfbarrier.exchange_dir", tempfile("tfbarrier-exchange-"))
+
+#' Bring a Spark DataFrame into R
+#'
+#' Collects a `pyspark` DataFrame (e.g. the predictions of [spark_tf_predict()]) to the driver through
+#' Arrow, as an R data.frame: numbers, logicals and strings as vectors, array columns (a flat image,
+#' class probabilities) as matrix columns, one row per example. Arrays of different lengths, or with
+#' missing elements, come as a list column. `as.data.frame()` on a pyspark DataFrame does the same. A
+#' sparklyr `tbl_spark` is collected by sparklyr (`dplyr::collect()`).
+#'
+#' @param sdf A `pyspark` DataFrame (classic or Spark Connect), or a sparklyr `tbl_spark`.
+#' @param arrays `"matrix"` (the default) or `"list"`: how array columns arrive.
+#' @return A data.frame with every row of `sdf`: collect only what fits in the driver's memory.
+#' @examples
+#' \dontrun{
+#' scored <- tf_collect(spark_tf_predict(sdf, fit, output = "probabilities"))
+#' dim(scored$prediction)  # rows x classes
+#' }
+#' @export
+tf_collect <- function(sdf, arrays = c("matrix", "list")) {
+  arrays <- match.arg(arrays)
+  if (inherits(sdf, "tbl_spark")) {
+    if (!requireNamespace("dplyr", quietly = TRUE)) tf_abort("a tbl_spark needs the dplyr package", "InvalidArgumentError")
+    return(as.data.frame(dplyr::collect(sdf)))
+  }
+  if (!inherits(sdf, "python.builtin.object")) {
+    tf_abort(paste0("sdf must be a pyspark DataFrame, not ", class(sdf)[1]), "InvalidArgumentError")
+  }
+  columns <- tf_call(core$frames$frame_columns(sdf))
+  rows <- if (length(columns)) NROW(columns[[1]]) else 0L
+  out <- structure(list(), class = "data.frame", row.names = .set_row_names(rows))
+  for (name in names(columns)) out[[name]] <- r_column(columns[[name]], arrays)
+  out
+}
+
+#' @rdname tf_collect
+#' @param x A `pyspark` DataFrame.
+#' @param row.names,optional,... Unused; for the `as.data.frame()` generic.
+#' @export
+as.data.frame.pyspark.sql.dataframe.DataFrame <- function(x, row.names = NULL, optional = FALSE, ...) {
+  tf_collect(x)
+}
+
+#' @export
+as.data.frame.pyspark.sql.connect.dataframe.DataFrame <- as.data.frame.pyspark.sql.dataframe.DataFrame
+
+# One collected column: a matrix stays a matrix (or becomes a list of its rows); a list of strings or
+# of scalars with NULLs becomes a vector with NAs; a list of arrays stays a list.
+r_column <- function(values, arrays) {
+  if (is.matrix(values)) {
+    return(if (arrays == "list") lapply(seq_len(nrow(values)), function(i) values[i, ]) else values)
+  }
+  if (is.list(values)) {
+    scalar <- vapply(values, function(v) is.null(v) || (is.atomic(v) && length(v) == 1 && !is.array(v)), logical(1))
+    if (all(scalar)) {
+      values[vapply(values, is.null, logical(1))] <- list(NA)
+      return(unlist(values))
+    }
+    return(lapply(values, function(v) if (is.null(v)) NULL else as.vector(v)))
+  }
+  as.vector(values)
 }

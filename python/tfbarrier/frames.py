@@ -1,9 +1,10 @@
-"""Spark DataFrames from column arrays, the way R hands data over through reticulate: one NumPy array
-per column, 1-D for a scalar column, 2-D for an array column (one row per example, e.g. a flat
-image). The data travels as one Arrow table, not row by row."""
+"""Spark DataFrames to and from column arrays, the way R hands data over through reticulate: one
+NumPy array per column, 1-D for a scalar column, 2-D for an array column (one row per example, e.g. a
+flat image). The data travels as one Arrow table, not row by row."""
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .errors import ColumnError, InvalidArgumentError
 
@@ -28,3 +29,28 @@ def spark_frame(spark, columns):
     if len(set(lengths.values())) > 1:
         raise ColumnError(f"columns have different numbers of rows: {lengths}")
     return spark.createDataFrame(pa.table(arrays))
+
+
+def _numpy_column(column):
+    """A collected Arrow column as NumPy: 2-D for arrays that all have one length and no nulls, a list
+    of 1-D arrays (None for a null) for other arrays, 1-D otherwise (strings as str, nulls as None)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or \
+            pa.types.is_fixed_size_list(column.type):
+        lengths = pc.unique(pc.list_value_length(column)).to_pylist()
+        values = pc.list_flatten(column)
+        if len(column) and column.null_count == 0 and values.null_count == 0 and len(lengths) == 1:
+            return values.to_numpy(zero_copy_only=False).reshape(len(column), lengths[0])
+        return [None if column[i] is None or not column[i].is_valid else
+                column[i].values.to_numpy(zero_copy_only=False) for i in range(len(column))]
+    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
+        if column.null_count == 0:
+            return column.to_numpy(zero_copy_only=False)
+    return column.to_pylist()
+
+
+def frame_columns(df):
+    """The columns of a Spark DataFrame (classic or Connect) collected to the driver through Arrow, as
+    ``{name: values}`` in column order: what R's tf_collect() turns into a data.frame."""
+    table = df.toArrow()
+    return {name: _numpy_column(table.column(name)) for name in table.column_names}

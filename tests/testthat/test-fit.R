@@ -26,8 +26,48 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
   expect_output(print(fit), "<tfbarrier fit: 2 workers, 4 epochs>")
   expect_output(print(fit), "worker 1 on .*: \\d+ rows")
 
-  scored <- spark_tf_predict(data$held_out[1:20, ], fit, spark = test_spark())
-  expect_true("prediction" %in% unlist(scored$columns))
-  on_executors <- scored$select("prediction")$toPandas()$prediction  # runs the scoring UDF, in row order
-  expect_equal(as.integer(on_executors), predict(fit, data$held_out[1:20, ]))
+  scored <- tf_collect(spark_tf_predict(data$held_out[1:20, ], fit, spark = test_spark()))  # runs the UDF
+  expect_setequal(names(scored), c("pixels", "digit", "prediction"))
+  expect_equal(scored$prediction, predict(fit, data$held_out[1:20, ]))
+  expect_equal(scored$pixels, unname(data$held_out$pixels[1:20, ]))  # the array column as a matrix column
+
+  probabilities <- spark_tf_predict(data$held_out[1:5, ], fit, output = "probabilities", spark = test_spark())
+  expect_equal(as.data.frame(probabilities)$prediction, predict(fit, data$held_out[1:5, ], type = "probabilities"),
+               tolerance = 1e-5)
+  expect_equal(tf_collect(probabilities, arrays = "list")$prediction[[2]], predict(fit, data$held_out[1:5, ], type = "probabilities")[2, ],
+               tolerance = 1e-5)
+})
+
+test_that("a sparklyr pipeline goes through spark_tf_fit and spark_tf_predict and stays in sparklyr", {
+  skip_if_no_tfbarrier()
+  skip_if_not_installed("sparklyr")
+  sc <- sparklyr::spark_connect(master = "local[1]")
+  on.exit(sparklyr::spark_disconnect(sc))
+  data <- digits_split()
+  flat <- function(d) data.frame(d$pixels, digit = d$digit)  # sparklyr has no array columns from R
+  train <- sparklyr::copy_to(sc, flat(data$train), "tfbarrier_train", overwrite = TRUE)
+  held_out <- sparklyr::copy_to(sc, flat(data$held_out[1:20, ]), "tfbarrier_held_out", overwrite = TRUE)
+  pixels <- setdiff(colnames(train), "digit")
+  fit <- spark_tf_fit(train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = pixels,
+                      label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1, spark = test_spark())
+  scored <- spark_tf_predict(held_out, fit, spark = test_spark())
+  expect_s3_class(scored, "tbl_spark")
+  expect_identical(sparklyr::spark_connection(scored), sc)
+  expect_equal(tf_collect(scored)$prediction, predict(fit, data$held_out[1:20, ]))
+})
+
+test_that("tf_collect brings strings, logicals, missing values and ragged arrays into R", {
+  skip_if_no_tfbarrier()
+  spark <- test_spark()
+  sdf <- spark$sql(paste(
+    "SELECT * FROM VALUES ('a', true, 1, array(1.0D, 2.0D)), (NULL, false, NULL, array(3.0D)),",
+    "('c', NULL, 3, NULL) AS t(s, b, i, v)"
+  ))
+  collected <- tf_collect(sdf)
+  expect_equal(collected$s, c("a", NA, "c"))
+  expect_equal(collected$b, c(TRUE, FALSE, NA))
+  expect_equal(collected$i, c(1L, NA, 3L))
+  expect_equal(collected$v, list(c(1, 2), 3, NULL))
+  expect_equal(nrow(tf_collect(sdf$limit(0L))), 0)
+  expect_error(tf_collect(data.frame(x = 1)), "must be a pyspark DataFrame", class = "InvalidArgumentError")
 })
