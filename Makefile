@@ -1,4 +1,5 @@
-# tfbarrier: `make demo` installs everything and trains the MNIST demo; `make test` runs every test.
+# tfbarrier: `make demo` installs everything (the Python venv, R and the R package) and runs the Python
+# and R demos; `make test` runs every test.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -19,10 +20,16 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TFBARRIER_PYTHON := $(abspath $(PY))
 
-.PHONY: demo test test-python test-r r-build r-deps bench venv system-deps clean
+.PHONY: demo demo-python demo-r test test-python test-r r-build r-install r-deps bench venv system-deps clean
 
-demo: venv
+demo: demo-python demo-r
+
+demo-python: venv
 	$(PY) examples/mnist_demo.py
+
+# The R package's own demo (inst/examples), with the R package installed as a user would have it.
+demo-r: r-install
+	Rscript inst/examples/digits_cnn.R
 
 test: test-python test-r
 
@@ -44,6 +51,11 @@ r-build: $(RPY2_STAMP)
 	cp -r python/tfbarrier inst/python/python/ && cp pyproject.toml README.md inst/python/
 	find inst/python -name __pycache__ -prune -exec rm -rf {} +
 	cd build && R CMD build ..
+
+# Into R's first library (the site library when run as root): library(tfbarrier) works in any R session
+# after this; it finds tfbarrier's Python through TFBARRIER_PYTHON (this .venv) or install_tfbarrier().
+r-install: r-build
+	R CMD INSTALL $(R_TARBALL)
 
 r-deps:
 	@Rscript -e 'for (p in c("reticulate", "testthat", "jsonlite", "knitr", "markdown")) library(p, character.only = TRUE)' \

@@ -21,7 +21,10 @@ tfbarrier_python <- function() {
 
 .onLoad <- function(libname, pkgname) {
   python <- tfbarrier_python()
-  if (nzchar(python) && file.exists(python)) {
+  if (nzchar(python) && file.exists(python) && !reticulate::py_available()) {
+    # Not use_python(): reticulate 1.28 looks for a Poetry project first, and warns about any
+    # pyproject.toml with a [tool] table in the working directory (this repository's, for one).
+    if (!nzchar(Sys.getenv("RETICULATE_PYTHON"))) Sys.setenv(RETICULATE_PYTHON = python)
     reticulate::use_python(python, required = FALSE)
   }
   # Delay loading: library(tfbarrier) does not start Python.
