@@ -1,7 +1,8 @@
 """Which GPUs each training process sees: the ones Spark's resource scheduler gave its task.
 
 Decided on the driver (``plan``) and applied in the task (``visible_devices``), always through
-``CUDA_VISIBLE_DEVICES`` set before TensorFlow starts:
+``CUDA_VISIBLE_DEVICES`` in the training process's environment from its start, before it imports
+TensorFlow (a spare serves only a task with the same GPUs):
 - ``use_gpu=False``: no GPU (an empty ``CUDA_VISIBLE_DEVICES``);
 - ``use_gpu=True`` on a cluster: the task's ``TaskContext.resources()["gpu"]`` addresses, which the
   strategy uses as local replicas when there are several;

@@ -82,7 +82,7 @@ class TrainingProcess:
 
     def adopt(self, workdir, env, worker_index, host):
         """Hand the process its task: the work directory holding the job (its output moves to the
-        log there) and the task's own environment variables (GPUs, attempt)."""
+        log there) and the task's own environment variables (the attempt)."""
         self.workdir, self.worker_index, self.host = workdir, worker_index, host
         open(os.path.join(workdir, LOG_FILE), "ab").close()
         self.channel.send(protocol.JOB, workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),

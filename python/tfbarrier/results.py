@@ -17,6 +17,7 @@ class ProcessReport:
     first_step_at: float = None  # the process's clock at its first step (fit; None if a resumed fit had none)
     finished_at: float = None  # ... when its work ended
     initial_epoch: int = 0  # the epoch a resumed fit started from
+    gpus: str = None  # CUDA_VISIBLE_DEVICES as the process read it, before importing TensorFlow
     output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns
 
 
@@ -33,7 +34,6 @@ class WorkerResult(ProcessReport):
     rows: int = None  # rows of the task's shard
     shard_checksum: str = None  # sha256 of those rows (fit)
     steps_per_epoch: int = None
-    gpus: str = None  # the process's CUDA_VISIBLE_DEVICES
     environment: dict = None  # path, built, seconds; None for the executor's own Python
     warm_start: bool = False  # the process was a spare that had imported TensorFlow already
     rendezvous_via: str = None  # how the peers met: "driver" (its link) or "allGather" (Spark's fallback)

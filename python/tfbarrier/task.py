@@ -20,19 +20,21 @@ from .launcher import TrainingProcess
 from .results import WorkerResult
 
 
-def _training_env():
-    """The training process's environment, the same for every task of this Python worker (so that a
-    spare can serve any of them); what differs per task goes in ``_task_env``."""
+def _training_env(job, context, index):
+    """The training process's environment when it starts: the same for every task of this Python
+    worker that has the same GPUs, so that a spare can serve them. Its GPUs are in it because
+    TensorFlow reads CUDA_VISIBLE_DEVICES when it is imported, which a spare has done already."""
     env = {name: value for name, value in os.environ.items() if name not in settings.TASK_ENV}
     for key, value in settings.TRAINING_ENV_DEFAULTS.items():
         env.setdefault(key, value)
     env.update(settings.TRAINING_ENV)
+    env[settings.GPUS_ENV] = gpus.visible_devices(job.gpus, context, index, os.environ)
     return env
 
 
-def _task_env(job, context, index):
-    return {settings.GPUS_ENV: gpus.visible_devices(job.gpus, context, index, os.environ),
-            settings.ATTEMPT_ENV: str(job.attempt)}
+def _task_env(job):
+    """What differs per task and TensorFlow does not read at import: sent with the job."""
+    return {settings.ATTEMPT_ENV: str(job.attempt)}
 
 
 def _training_process(job, python, env):
@@ -55,7 +57,7 @@ def _run(job, context, batches, workdir, link):
         timings["environment"] = environment_info["seconds"]
         what = "built" if environment_info["built"] else "found"
         link.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
-    env, task_env = _training_env(), _task_env(job, context, index)
+    env, task_env = _training_env(job, context, index), _task_env(job)
     spawned = time.time()
     process, warm = _training_process(job, python, env)
     with process:
@@ -85,7 +87,7 @@ def _run(job, context, batches, workdir, link):
         spares.leave(python, env)
     return WorkerResult.of_task(
         report, timings, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
-        rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps, gpus=task_env[settings.GPUS_ENV],
+        rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps,
         environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started,
     )
 

@@ -78,6 +78,7 @@ def main(argv):
     _exit_with_parent()
     name_process("tfb-spare")  # until a task adopts it: what `ps -o comm` shows
     channel = protocol.Channel(socket.socket(fileno=int(argv[1])))
+    gpus = os.environ.get(settings.GPUS_ENV)  # fixed from here on: TensorFlow reads it once
     tf, import_error = _import_tensorflow()
     imported = time.time()
     message = channel.wait_for(protocol.JOB)
@@ -88,6 +89,7 @@ def main(argv):
     try:
         job = protocol.read_pickle(workdir, protocol.JOB_FILE)
         report = serve(job, channel, tf, import_error)
+        report.gpus = gpus
         # Zero for a spare, which imported TensorFlow before its task needed it.
         report.timings["tensorflow_import"] = max(0.0, imported - message["sent_at"])
         protocol.write_pickle(workdir, protocol.RESULT_FILE, report)

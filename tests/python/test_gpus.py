@@ -1,6 +1,6 @@
 """GPUs from Spark's resource scheduler, tested without a GPU: a fake discovery script makes Spark
-schedule 'GPUs'; each training process reports the CUDA_VISIBLE_DEVICES it got (TensorFlow itself
-is not asked to use the fake devices)."""
+schedule 'GPUs'; each training process reports the CUDA_VISIBLE_DEVICES it read before importing
+TensorFlow (TensorFlow itself is not asked to use the fake devices)."""
 
 import json
 import os
@@ -15,8 +15,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_GPUS = os.path.join(HERE, "support", "fake_gpus.sh")
 
 
-def fit_elsewhere(master, conf, **kwargs):
-    return run_driver("gpu_fit.py", master, json.dumps(conf), json.dumps(kwargs))
+def fit_elsewhere(master, conf, fits=1, **kwargs):
+    return run_driver("gpu_fit.py", master, json.dumps(conf), json.dumps(kwargs), str(fits))
 
 
 def test_each_task_sees_its_own_gpu_on_a_two_executor_cluster():
@@ -43,10 +43,13 @@ def test_use_gpu_on_a_cluster_without_gpu_resources_is_refused_with_the_settings
     assert "spark.executor.resource.gpu.discoveryScript" in outcome["message"]
 
 
-def test_local_mode_splits_the_drivers_gpus_among_the_tasks():
+def test_local_mode_splits_the_drivers_gpus_among_the_tasks_spares_included():
     conf = {"spark.driver.resource.gpu.amount": "2", "spark.driver.resource.gpu.discoveryScript": FAKE_GPUS}
-    outcome = fit_elsewhere("local[2]", conf, num_workers=2, batch_size=64, use_gpu=True)
-    assert [w["gpus"] for w in outcome["workers"]] == ["0", "1"]
+    outcome = fit_elsewhere("local[2]", conf, fits=3, num_workers=2, batch_size=64, use_gpu=True)
+    # The later fits' processes may be spares, which imported TensorFlow before their task came: each
+    # must still have read its own task's GPU before that import.
+    assert [[w["gpus"] for w in fit] for fit in outcome["fits"]] == [["0", "1"]] * 3
+    assert not any(w["warm_start"] for w in outcome["fits"][0])
 
 
 def test_local_mode_without_driver_gpus_is_refused(spark, digits_df):
