@@ -41,9 +41,10 @@ def wheelhouse(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def home(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("envs"))
+@pytest.fixture
+def home(tmp_path):
+    """A workon_home of this test's own: each test passes alone and in any order."""
+    return str(tmp_path / "envs")
 
 
 def probe_env(home, wheelhouse, requirement="tfbarrier-probe==1.0"):
@@ -79,11 +80,13 @@ def test_two_tasks_build_a_new_environment_once_and_both_train_in_it(digits_df, 
 
 
 def test_a_second_fit_is_a_cache_hit_with_its_bootstrap_time_reported(digits_df, home, wheelhouse):
-    result = fit(digits_df, probe_env(home, wheelhouse))
+    first = fit(digits_df, probe_env(home, wheelhouse))
+    second = fit(digits_df, probe_env(home, wheelhouse))
     assert len(builds(home)) == 1
-    assert [w["environment"]["built"] for w in result.workers] == [False, False]
-    assert all(0 <= w["timings"]["environment"] < 1.0 for w in result.workers)
-    assert "environment" in result.timings
+    assert [w["environment"]["built"] for w in second.workers] == [False, False]
+    build_seconds = max(w["timings"]["environment"] for w in first.workers)
+    assert all(0 <= w["timings"]["environment"] < build_seconds for w in second.workers)  # found, not built
+    assert "environment" in second.timings
 
 
 def test_changed_requirements_give_another_environment(home, wheelhouse):
@@ -109,7 +112,7 @@ def test_a_requirement_that_cannot_be_installed_fails_fast_naming_it(digits_df, 
     started = time.time()
     with pytest.raises(EnvironmentBuildError) as failure:
         fit(digits_df, probe_env(home, wheelhouse, "tfbarrier-no-such-package==9.9"))
-    assert time.time() - started < 120
+    assert time.time() - started < 300  # a failed build ends the fit: nothing waits for a timeout
     message = str(failure.value)
     assert "tfbarrier-no-such-package==9.9" in message and failure.value.host and "on " + failure.value.host in message
     assert "No matching distribution" in message or "Could not find a version" in message

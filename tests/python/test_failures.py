@@ -86,7 +86,7 @@ def test_timeout_cancels_the_whole_fit(digits_df):
     started = time.time()
     with pytest.raises(JobTimeoutError, match="ran past its timeout of 30 s"):
         fit(digits_df, callbacks=faults.hang(worker=0, epoch=1), stall_timeout=None, timeout=30)
-    assert time.time() - started < 30 + 20
+    assert time.time() - started < 30 + 60  # the deadline and the cancellation, not the hang
     assert training_processes() == []
 
 
