@@ -1,4 +1,4 @@
-"""fit, run and predict with a Spark Connect session (SparkSession.builder.remote("local[2]")), which
+"""fit, run, apply, predict, cancellation and a large result with a Spark Connect session (SparkSession.builder.remote("local[2]")), which
 has no SparkContext: every SparkContext-only step has a Connect path or a documented error."""
 
 import pytest
@@ -28,6 +28,20 @@ def test_run_returns_the_chiefs_value(connect_outcome):
 
 def test_predict_scores_every_row_like_the_local_model(connect_outcome):
     assert connect_outcome["predict"] == {"rows": 300, "same_as_local": 1.0}
+
+
+def test_a_result_over_16_mib_arrives_whole(connect_outcome):
+    assert connect_outcome["big_result"] == {"mib": 24.0, "same": True}
+
+
+def test_apply_runs_once_per_partition(connect_outcome):
+    assert connect_outcome["apply"] == {"partitions": [0, 1], "rows": 1497, "addresses": 2}
+
+
+def test_a_timeout_cancels_the_job_and_leaves_no_training_process(connect_outcome):
+    cancel = connect_outcome["cancel"]
+    assert "ran past its timeout of 20 s" in cancel["error"]
+    assert cancel["raised_after"] < 20 + 60 and cancel["left_behind"] == 0
 
 
 def test_a_sparkcontext_only_option_gives_the_documented_error(connect_outcome):

@@ -132,3 +132,63 @@ def test_numeric_feature_columns_and_a_model_function(spark):
 
 def test_no_training_process_outlives_its_fit(two_worker_fit):
     assert training_processes() == []
+
+
+def tf_keras_cnn():
+    """A model function: built in each training process, so its initial weights come from the seed."""
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Conv2D(8, 3, activation="relu"),
+                                 tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.mark.parametrize("model", ["object", "function"])
+def test_the_same_seed_gives_the_same_weights_and_another_seed_does_not(digits_df, model):
+    # A model object brings its initial weights (the seed orders the data); a function's are drawn from the seed.
+    model = digits_cnn() if model == "object" else tf_keras_cnn
+
+    def checksum(seed):
+        result = tfbarrier.fit(digits_df, model, features="pixels", label="digit", epochs=1, batch_size=64,
+                               num_workers=2, seed=seed, verbose=0)
+        return result.workers[0]["checksum"]
+
+    first = checksum(5)
+    assert checksum(5) == first
+    assert checksum(6) != first
+
+
+def record_threads(directory):
+    """A callbacks factory (it runs in each training process): notes the process's TensorFlow thread pools."""
+
+    def factory():
+        import json
+        import os
+
+        import tensorflow as tf
+
+        threads = {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
+                   "inter": tf.config.threading.get_inter_op_parallelism_threads()}
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        with open(os.path.join(directory, f"worker-{index}.json"), "w") as f:
+            json.dump(threads, f)
+        return []
+
+    return factory
+
+
+def test_tf_threads_sets_each_processs_thread_pools_spares_included(digits_df, tmp_path):
+    import json
+
+    seen = {}
+    for threads in (1, 3):  # the second fit's processes are the spares the first left
+        directory = tmp_path / str(threads)
+        directory.mkdir()
+        result = tfbarrier.fit(digits_df.limit(256), digits_cnn(), features="pixels", label="digit", epochs=1,
+                               batch_size=64, num_workers=2, tf_threads=threads,
+                               callbacks=record_threads(str(directory)), verbose=0)
+        seen[threads] = ([json.loads((directory / f"worker-{i}.json").read_text()) for i in (0, 1)],
+                         [w["warm_start"] for w in result.workers])
+    assert seen[1][0] == [{"intra": 1, "inter": 2}] * 2
+    assert seen[3][0] == [{"intra": 3, "inter": 3}] * 2 and seen[3][1] == [True, True]

@@ -43,6 +43,19 @@ def tutorial_train(epochs, steps_per_epoch):
     }
 
 
+def big_value(mib):
+    """``mib`` MiB of bytes, the same on every call: a result larger than one 16 MiB result row."""
+    import numpy as np
+
+    return np.random.default_rng(mib).bytes(mib * 2**20)
+
+
+def hang():
+    import time
+
+    time.sleep(3600)
+
+
 def test_run_executes_the_tutorial_function_and_returns_the_chiefs_value(spark):
     value = tfbarrier.run(tutorial_train, num_workers=2, args=(2,), kwargs={"steps_per_epoch": 5})
     assert value["index"] == 0
@@ -53,3 +66,8 @@ def test_run_executes_the_tutorial_function_and_returns_the_chiefs_value(spark):
 def test_run_refuses_what_is_not_a_function(spark):
     with pytest.raises(InvalidArgumentError, match="train_fn must be a function"):
         tfbarrier.run("train.py", num_workers=2)
+
+
+def test_a_result_larger_than_one_result_row_arrives_whole(spark):
+    value = tfbarrier.run(big_value, num_workers=2, args=(40,), spark=spark, verbose=0)
+    assert len(value) == 40 * 2**20 and value == big_value(40)  # 3 rows of at most 16 MiB

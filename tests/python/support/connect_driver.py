@@ -1,16 +1,20 @@
-"""Driver program for test_connect: fit, run and predict through a local Spark Connect session (a
-process of its own: the test session already has a classic SparkContext). Prints one JSON line."""
+"""Driver program for test_connect: fit, run, apply, predict, a cancellation and a large result
+through a local Spark Connect session (a process of its own: the test session already has a classic
+SparkContext). Prints one JSON line."""
 
+import hashlib
 import json
 import os
+import time
 
 import numpy as np
-from conftest import digits_cnn, digits_frames, held_out_accuracy
+from conftest import digits_cnn, digits_frames, held_out_accuracy, training_processes
 from pyspark.sql import SparkSession
-from test_run import tutorial_train
+from test_apply import describe
+from test_run import big_value, hang, tutorial_train
 
 import tfbarrier
-from tfbarrier.errors import ClusterError
+from tfbarrier.errors import ClusterError, JobTimeoutError
 
 spark = SparkSession.builder.remote("local[2]").getOrCreate()
 train, held_out = digits_frames()
@@ -23,6 +27,24 @@ outcome["fit"] = {"accuracy": held_out_accuracy(result.model, held_out),
                   "epochs": len(result.history["loss"]), "progress_from": sorted({m["worker"] for m in result.progress})}
 
 outcome["run"] = tfbarrier.run(tutorial_train, num_workers=2, args=(1,), kwargs={"steps_per_epoch": 3}, spark=spark)
+
+value = tfbarrier.run(big_value, num_workers=2, args=(24,), spark=spark)  # 24 MiB: several result rows
+outcome["big_result"] = {"mib": len(value) / 2**20,
+                         "same": hashlib.sha256(value).digest() == hashlib.sha256(big_value(24)).digest()}
+
+applied = tfbarrier.apply(spark.createDataFrame(train.assign(x=1.0)[["x"]]), describe, num_workers=2)
+outcome["apply"] = {"partitions": applied["partition"].tolist(), "rows": int(applied["rows"].sum()),
+                    "addresses": int(applied["address"].nunique())}
+
+started = time.time()
+try:
+    tfbarrier.run(hang, num_workers=2, timeout=20, spark=spark)
+    outcome["cancel"] = {"error": None}
+except JobTimeoutError as exc:
+    raised = time.time() - started
+    while training_processes() and time.time() - started < raised + 60:  # Spark kills Connect's tasks itself
+        time.sleep(0.5)
+    outcome["cancel"] = {"error": str(exc), "raised_after": raised, "left_behind": len(training_processes())}
 
 held_out = held_out.assign(row_id=np.arange(len(held_out)))
 scored = tfbarrier.predict(spark.createDataFrame(held_out).repartition(4), result.model, features="pixels")
