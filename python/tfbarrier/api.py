@@ -9,7 +9,7 @@ import cloudpickle
 from . import cluster, gpus, parquet_source, stage, validation
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
-from .fit_job import FitJob
+from .fit_job import VALIDATION_COLUMN, FitJob
 from .job import ApplyJob, RunJob, pickle_user_code
 from .model_spec import ModelSpec
 from .results import FitResult
@@ -18,13 +18,16 @@ from .settings import STALL_TIMEOUT
 __all__ = ["FitResult", "apply", "fit", "run"]
 
 
-def _training_frame(data, layout, num_workers, input_shape):
+def _training_frame(data, layout, num_workers, input_shape, validation_data=None):
     """(the DataFrame of the barrier stage, the parquet_source.Source its tasks read or None), once the
     data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
-    empty."""
+    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, and
+    the union is spread over ``num_workers`` partitions."""
     frame = data.select(*layout.columns)
+    if validation_data is not None:
+        return _with_validation_rows(frame, validation_data, layout, num_workers, input_shape), None
     partitions = cluster.num_partitions(frame)
     source = parquet_source.plan(frame, partitions, layout, num_workers)
     profile = source.profile if source else validation.profile(frame, layout)
@@ -33,6 +36,16 @@ def _training_frame(data, layout, num_workers, input_shape):
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
     keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
     return (frame if keep else frame.repartition(num_workers)), None
+
+
+def _with_validation_rows(frame, validation_data, layout, num_workers, input_shape):
+    from pyspark.sql import functions as F
+
+    held = validation_data.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
+    validation.check_profile(validation.profile(frame, layout), layout, num_workers, input_shape)
+    validation.check_profile(validation.profile(held, layout), layout, 1, input_shape, what="validation_data")
+    marked = [part.withColumn(VALIDATION_COLUMN, F.lit(flag)) for part, flag in ((frame, False), (held, True))]
+    return marked[0].unionByName(marked[1]).repartition(num_workers)
 
 
 def _python_env(spark, env):
@@ -58,7 +71,7 @@ def _spark_session(spark):
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
-        tensorboard_dir=None, env=None, **unknown):
+        tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -128,6 +141,16 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     env : PythonEnv, optional
         The training processes' Python environment (README, "Python environments on the executors");
         default: the executors' own Python.
+    validation_data : pyspark.sql.DataFrame, optional
+        Rows to evaluate the model on after each epoch, with the training data's feature and label
+        columns. Shared among the workers with the training rows (never collected); each validation
+        evaluates every row exactly once across all workers. ``val_loss`` and ``val_<metric>`` go into
+        ``history``, the epoch lines and the logs callbacks see (EarlyStopping, ReduceLROnPlateau).
+    validation_split : float, optional
+        Instead of ``validation_data``: this fraction of each worker's rows is held out, drawn with
+        ``seed`` (the same rows on every epoch and every retry).
+    validation_freq : int
+        Validate after every this many epochs (``val_*`` is None in ``history`` for the others).
 
     Returns
     -------
@@ -149,6 +172,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     verbose = validation.verbosity(verbose)
     tensorboard_dir = validation.directory("tensorboard_dir", tensorboard_dir)
     layout = validation.layout(data.schema, features, label)
+    validation_data, validation_split, validation_freq = validation.validation_arguments(
+        validation_data, validation_split, validation_freq, features, label)
     spec = ModelSpec.from_model(model)
     spec.check_loadable()
     callbacks = validation.callbacks_function(callbacks)
@@ -160,12 +185,14 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
-    frame, source = _training_frame(data, layout, num_workers, spec.input_shape)
+    frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
     job = FitJob(
         model=spec, layout=layout, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed,
         shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer, source=source and source.slices, tf_threads=tf_threads,
         callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark), started_at=started,
+        validation_column=validation_data is not None, validation_split=validation_split,
+        validation_freq=validation_freq,
     )
     submitted = time.time()
     results, attempts, events = stage.run(frame, job, num_workers, verbose=verbose, global_batch=batch_size,

@@ -13,12 +13,16 @@ import sys
 import time
 
 import cloudpickle
+import numpy as np
+import pyarrow as pa
 
-from . import parquet_source, protocol, rendezvous, shards, validation
+from . import evaluation, parquet_source, protocol, rendezvous, shards, validation
 from .errors import ColumnError, InvalidArgumentError
 from .job import Job, port_clash_is_retryable
 from .model_spec import save_archive, weights_checksum
 from .results import ProcessReport
+
+VALIDATION_COLUMN = "__tfbarrier_validation"  # with validation_data: True for its rows in the stage's frame
 
 
 @dataclasses.dataclass
@@ -38,14 +42,39 @@ class FitJob(Job):
     callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
     checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
     tensorboard_dir: str = None  # the chief's TensorBoard logs
+    validation_column: bool = False  # the partitions carry VALIDATION_COLUMN: validation_data's rows
+    validation_split: float = None  # the fraction of each partition held out for validation
+    validation_freq: int = 1  # validate after every this many epochs
 
     # ---- in the task ----
     def write_input(self, batches, path, index):
         if self.source is not None:  # a plain Parquet scan, read here rather than through Spark
             batches = parquet_source.read(self.source[index], self.layout.columns)
-        return shards.write(batches, path, self.layout)
+        held_out = self._held_out(index)
+        if held_out is None:
+            rows, checksum = shards.write(batches, path, self.layout)
+            return {"rows": rows, "checksum": checksum}
+        validation = (os.path.join(os.path.dirname(path), protocol.VALIDATION_FILE), held_out)
+        (rows, checksum), (held, held_checksum) = shards.write(batches, path, self.layout, validation)
+        return {"rows": rows, "checksum": checksum, "validation_rows": held, "validation_checksum": held_checksum}
+
+    def _held_out(self, index):
+        """The function marking the validation rows of each Spark batch, or None without validation.
+        validation_split draws them from a generator seeded by (seed, worker): a partition that comes
+        in the same order holds out the same rows on every attempt."""
+        if self.validation_column:
+            return lambda batch: batch.column(VALIDATION_COLUMN)
+        if self.validation_split:
+            draws = np.random.default_rng([self.seed or 0, index])
+            return lambda batch: pa.array(draws.random(len(batch)) < self.validation_split)
+        return None
 
     def check_peers(self, peers):
+        if self._held_out(0) is not None and not sum(peer["validation_rows"] for peer in peers):
+            raise InvalidArgumentError(
+                f"validation_split={self.validation_split} held out no row of {sum(p['rows'] for p in peers)}: "
+                "raise it, or pass validation_data="
+            )
         empty = [i for i, peer in enumerate(peers) if peer["rows"] == 0]
         if empty:
             raise InvalidArgumentError(
@@ -55,7 +84,12 @@ class FitJob(Job):
             )
 
     def agree_steps(self, peers):
-        return self.steps_per_epoch or rendezvous.steps_per_epoch([p["rows"] for p in peers], self.batch_size)
+        agreed = {"steps_per_epoch": self.steps_per_epoch
+                  or rendezvous.steps_per_epoch([p["rows"] for p in peers], self.batch_size)}
+        if "validation_rows" in peers[0]:
+            agreed["validation_steps"] = rendezvous.validation_steps([p["validation_rows"] for p in peers],
+                                                                     self.batch_size)
+        return agreed
 
     # ---- in the training process ----
     def execute(self, tf, config, channel):
@@ -78,8 +112,9 @@ class FitJob(Job):
         dataset = strategy.distribute_datasets_from_function(
             shards.dataset_fn(shard, input_shape, self.batch_size, seed, self.shuffle, self.shuffle_buffer)
         )
+        validation = self._validation(tf, strategy, config, input_shape)
         timings["strategy_and_model"] = time.time() - started
-        progress, epoch_log, callbacks = _callbacks(channel, self, is_chief=index == 0)
+        progress, epoch_log, callbacks = _callbacks(channel, self, is_chief=index == 0, validation=validation)
         started = time.time()
         _train(tf, model, dataset, shard, input_shape, epochs=self.epochs,
                steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
@@ -90,9 +125,10 @@ class FitJob(Job):
         finished_at, (_, peak_mb) = time.time(), _resident_mb()
         output = {}
         if index == 0:
-            output["history"] = {key: [epoch[key] for epoch in epoch_log.epochs]
-                                 for key in (epoch_log.epochs or [{}])[0]}
+            output["history"] = _history(epoch_log.epochs)
             output["weights"] = weights
+            if len(epoch_log.epochs) < self.epochs:  # a callback (EarlyStopping...) stopped the training
+                output["stopped_epoch"] = len(epoch_log.epochs) - 1
         if self.model.flavor == "function":
             # Every worker saves (variable reads may be collective); only the chief's archive is kept.
             archive = save_archive(model)
@@ -105,9 +141,29 @@ class FitJob(Job):
         )
 
 
-def _callbacks(channel, job, is_chief):
-    """tfbarrier's own Keras callbacks: step clock and progress heartbeat, the epoch log, and
-    BackupAndRestore when there is a checkpoint directory; then the user's."""
+    def _validation(self, tf, strategy, config, input_shape):
+        """(distributed validation dataset, steps) when the job validates, else None."""
+        if not config.get("validation_steps"):
+            return None
+        path = os.path.join(os.path.dirname(config["shard"]), protocol.VALIDATION_FILE)
+        shard = shards.Shard.open(path, config["validation_rows"])
+        _check_input(shard, input_shape)
+        steps = config["validation_steps"]
+        dataset = strategy.distribute_datasets_from_function(
+            shards.validation_dataset_fn(shard, input_shape, self.batch_size, steps))
+        return dataset, steps
+
+
+def _history(epochs):
+    """{metric: one value per epoch}; None where an epoch has no value (val_* between validations)."""
+    keys = list(dict.fromkeys(key for epoch in epochs for key in epoch))
+    return {key: [epoch.get(key) for epoch in epochs] for key in keys}
+
+
+def _callbacks(channel, job, is_chief, validation=None):
+    """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
+    step clock and progress heartbeat, the epoch log, and BackupAndRestore when there is a checkpoint
+    directory; then the user's."""
     import tf_keras
 
     class Progress(tf_keras.callbacks.Callback):
@@ -126,6 +182,7 @@ def _callbacks(channel, job, is_chief):
             channel.send(protocol.PROGRESS, steps=self.skipped + self.steps, **fields)
 
         def on_train_begin(self, logs=None):
+            self._summed = _replicas_summed_in_batch_logs(self.model)
             self._send(total_steps=self.params["epochs"] * self.params["steps"])
 
         def on_train_batch_end(self, batch, logs=None):
@@ -134,14 +191,15 @@ def _callbacks(channel, job, is_chief):
                 self.first_step_at = time.time()
             if time.monotonic() - self._last_sent >= 1.0:
                 loss = (logs or {}).get("loss")
-                self._send(loss=None if loss is None else float(loss))
+                self._send(loss=None if loss is None else float(loss) / self._summed)
 
         def on_epoch_begin(self, epoch, logs=None):
             if self.steps == 0:
                 self.skipped = epoch * self.params["steps"]
 
         def on_epoch_end(self, epoch, logs=None):
-            self._send(epoch=epoch, logs={k: float(v) for k, v in (logs or {}).items()})
+            logs = {k: float(v) for k, v in (logs or {}).items()}
+            self._send(epoch=epoch, logs=logs, loss=logs.get("loss"))  # the bar ends the epoch on its loss
 
     class EpochLog(tf_keras.callbacks.Callback):
         """Per-epoch logs across resumed attempts. The chief keeps them in the checkpoint directory
@@ -171,6 +229,8 @@ def _callbacks(channel, job, is_chief):
 
     progress, epoch_log = Progress(), EpochLog()
     callbacks = [progress, epoch_log]
+    if validation is not None:
+        callbacks.insert(0, evaluation.validation_callback(*validation, every=job.validation_freq))
     if job.checkpoint_dir:
         callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(job.checkpoint_dir, "backup")))
     if job.tensorboard_dir and is_chief:
@@ -178,6 +238,17 @@ def _callbacks(channel, job, is_chief):
     if job.callbacks:
         callbacks.extend(cloudpickle.loads(job.callbacks)())
     return progress, epoch_log, callbacks
+
+
+def _replicas_summed_in_batch_logs(model):
+    """How many replicas' running means a batch's logs add up. tf_keras reduces them with the model's
+    ``distribute_reduction_method``, which by default ("auto") sums across replicas off TPUs
+    (``training.reduce_per_replica``): with 2 workers a batch's "loss" is about twice the loss. Every
+    replica runs as many batches of one size, so the sum over replicas is the mean times their count.
+    The epoch's logs are reduced properly (``get_metrics_result`` across replicas)."""
+    if model.distribute_reduction_method in ("auto", "sum"):
+        return model.distribute_strategy.num_replicas_in_sync
+    return 1
 
 
 def _resident_mb():

@@ -50,20 +50,24 @@ class Job:
     # ---- in the task (no TensorFlow there) ----
     def write_input(self, batches, path, index):
         """Write task ``index``'s partition (an iterator of Arrow record batches) to the shard file at
-        ``path``; return (rows, checksum of the rows or None)."""
-        return 0, None
+        ``path`` (other input files go next to it); return what was written: ``rows``, ``checksum`` of
+        the rows or None, and what else the kind counts (``validation_rows``...). Every ``*rows`` count
+        reaches the peers."""
+        return {"rows": 0, "checksum": None}
 
     def check_peers(self, peers):
         """Refuse what the gathered peers (host, port, rows each) cannot train on."""
 
     def agree_steps(self, peers):
-        """The steps every worker runs per epoch, from the peers' rows (None: the kind has no epochs)."""
-        return None
+        """What every worker must agree on from the peers' row counts, as fields of the CONFIG message
+        (``steps_per_epoch``...): nothing for kinds without epochs."""
+        return {}
 
     # ---- in the training process ----
     def execute(self, tf, config, channel):
-        """Do the work with ``config`` (the protocol's CONFIG message: tf_config, steps_per_epoch,
-        shard, rows) and return a ProcessReport; ``tf`` is None when TensorFlow is not installed.
+        """Do the work with ``config`` (the protocol's CONFIG message: tf_config, shard, the worker's
+        row counts and what ``agree_steps`` agreed) and return a ProcessReport; ``tf`` is None when
+        TensorFlow is not installed.
         ``channel`` (a protocol.Channel) goes to the task, for PROGRESS messages."""
         raise NotImplementedError
 
@@ -111,7 +115,7 @@ class ApplyJob(Job):
     output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
 
     def write_input(self, batches, path, index):
-        return shards.write_partition(batches, path), None
+        return {"rows": shards.write_partition(batches, path), "checksum": None}
 
     def execute(self, tf, config, channel):
         import pyarrow as pa

@@ -30,6 +30,7 @@ RESULT_FILE = "result.pkl"
 LOG_FILE = "worker.log"
 ERROR_FILE = "error.json"
 SHARD_FILE = "shard.arrow"
+VALIDATION_FILE = "validation.arrow"  # next to SHARD_FILE: the worker's validation rows (fit)
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # an exception, described in ERROR_FILE

@@ -122,6 +122,14 @@ def tf_config(peers, index):
     }
 
 
+def validation_steps(validation_rows, global_batch_size):
+    """The validation steps every worker runs: enough for the worker with the most validation rows,
+    at its share of the global batch; the others pad their last batches with rows left out, so
+    that every validation row counts once and no collective waits for a worker that ran out."""
+    per_worker = global_batch_size // len(validation_rows)
+    return max(math.ceil(rows / per_worker) for rows in validation_rows)
+
+
 def steps_per_epoch(shard_rows, global_batch_size):
     """The number of steps every worker runs per epoch: one pass over all rows at the global batch
     size. Shards may be uneven; each worker repeats its own shard, so all run the same count and the

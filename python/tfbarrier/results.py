@@ -33,6 +33,8 @@ class WorkerResult(ProcessReport):
     port: int = None  # the training process's TensorFlow port
     rows: int = None  # rows of the task's shard
     shard_checksum: str = None  # sha256 of those rows (fit)
+    validation_rows: int = None  # rows of the task's validation shard (fit with validation)
+    validation_checksum: str = None  # sha256 of those rows
     steps_per_epoch: int = None
     environment: dict = None  # path, built, seconds; None for the executor's own Python
     warm_start: bool = False  # the process was a spare that had imported TensorFlow already
@@ -40,7 +42,8 @@ class WorkerResult(ProcessReport):
     task_started_at: float = None
 
     PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
-              "python_prefix", "warm_start", "checksum", "shard_checksum", "memory", "finished_at", "timings")
+              "python_prefix", "warm_start", "checksum", "shard_checksum", "validation_rows", "validation_checksum",
+              "memory", "finished_at", "timings")
 
     @classmethod
     def of_task(cls, report, timings, **task):
@@ -86,6 +89,7 @@ class FitResult:
     workers: list
     attempts: list = dataclasses.field(default_factory=list)
     progress: list = dataclasses.field(default_factory=list, repr=False)
+    stopped_epoch: int = None  # the last epoch run (from 0) when a callback such as EarlyStopping stopped the fit
 
     def history_frame(self):
         """``history`` as a pandas DataFrame, one row per epoch (numbered from 1)."""
@@ -134,7 +138,8 @@ class FitResult:
             timings["time_to_first_step"] = chief.first_step_at - started
         timings["total"] = finished - started
         return cls(model=model, history=chief.output["history"], timings=timings,
-                   workers=[r.public() for r in results], attempts=attempts, progress=progress)
+                   workers=[r.public() for r in results], attempts=attempts, progress=progress,
+                   stopped_epoch=chief.output.get("stopped_epoch"))
 
     def __repr__(self):
         last = ", ".join(f"{k}={v[-1]:.4g}" for k, v in self.history.items() if v)

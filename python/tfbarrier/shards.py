@@ -104,28 +104,57 @@ def _digest(digest, batch):
     digest.update(batch.column(1).to_numpy(zero_copy_only=False).tobytes())
 
 
-def write(batches, path, layout):
+class _ShardFile:
+    """A shard file being written: (x, y) record batches of at most RECORD_BATCH_BYTES, of one feature
+    width, digested in order."""
+
+    def __init__(self, path, layout):
+        self.path, self.layout = path, layout
+        self.rows, self.digest, self.widths, self.writer = 0, hashlib.sha256(), set(), None
+
+    def add(self, batch):
+        """One Spark record batch's rows."""
+        for piece in _bounded([_training_batch(batch, self.layout)]):
+            if self.layout.kind == ARRAY:
+                self.widths.add(piece.schema.field("x").type.list_size)
+                if len(self.widths) > 1:
+                    raise ColumnError(
+                        f"feature column {self.layout.features[0]!r} holds arrays of different lengths "
+                        f"({min(self.widths)} to {max(self.widths)}); every row must have the same length "
+                        "(filter or pad first)"
+                    )
+            _digest(self.digest, piece)
+            if self.writer is None:
+                self.writer = pa.ipc.new_file(self.path, piece.schema)
+            self.writer.write_batch(piece)
+            self.rows += len(piece)
+
+    def close(self):
+        """(rows, checksum); a shard without rows is still a (row-less) file."""
+        if self.writer is None:
+            x_type = pa.binary() if self.layout.kind == IMAGE else pa.list_(pa.float32(), 1)
+            self.writer = pa.ipc.new_file(self.path, pa.schema([("x", x_type), ("y", pa.float32())]))
+        self.writer.close()
+        return self.rows, self.digest.hexdigest()
+
+
+def write(batches, path, layout, validation=None):
     """Stream the partition's Arrow record batches to ``path`` as (x, y). Returns (rows, checksum):
-    the rows written and a digest of them, in order."""
-    digest = hashlib.sha256()
-    widths = set()
-
-    def checked(batch):
-        if layout.kind == ARRAY:
-            widths.add(batch.schema.field("x").type.list_size)
-            if len(widths) > 1:
-                raise ColumnError(
-                    f"feature column {layout.features[0]!r} holds arrays of different lengths "
-                    f"({min(widths)} to {max(widths)}); every row must have the same length (filter or pad first)"
-                )
-        _digest(digest, batch)
-        return batch
-
-    rows = write_partition((checked(b) for b in _bounded(_training_batch(b, layout) for b in batches)), path)
-    if not os.path.exists(path):  # an empty partition still gets a (row-less) file
-        x_type = pa.binary() if layout.kind == IMAGE else pa.list_(pa.float32(), 1)
-        pa.ipc.new_file(path, pa.schema([("x", x_type), ("y", pa.float32())])).close()
-    return rows, digest.hexdigest()
+    the rows written and a digest of them, in order. ``validation``, a pair (path, held_out), sends
+    the rows ``held_out(batch)`` marks (a boolean array per Spark batch) to a validation shard at that
+    path instead; then returns ((rows, checksum), (validation rows, checksum))."""
+    training = _ShardFile(path, layout)
+    held = _ShardFile(validation[0], layout) if validation else None
+    try:
+        for batch in batches:
+            if held is not None:
+                mask = validation[1](batch)
+                held.add(batch.filter(mask))
+                batch = batch.filter(pc.invert(mask))
+            training.add(batch)
+    finally:
+        written = training.close(), held.close() if held is not None else None
+    return written if held is not None else written[0]
 
 
 def write_partition(batches, path):
@@ -289,6 +318,44 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
         ds = tf.data.Dataset.range(0 if shard.rows == 0 else np.iinfo(np.int64).max).flat_map(one_pass)
         if shard.images:  # decoded in parallel after the shuffle
             ds = ds.map(lambda x, y: (decode_image(x, input_shape), y), num_parallel_calls=tf.data.AUTOTUNE)
+        ds = ds.batch(batch, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    return make
+
+
+def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
+    """A function for ``strategy.distribute_datasets_from_function``: this worker's validation shard
+    as (x, y, present) batches of the per-replica batch size, every row once and in order (present 1),
+    then padding rows (present 0) up to exactly ``steps`` steps (rendezvous.validation_steps), so that every
+    worker runs the same steps whatever its rows."""
+    import tensorflow as tf
+
+    input_shape = tuple(input_shape)
+    x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
+              else tf.TensorSpec((None, *input_shape), tf.float32))
+    signature = (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)), tf.TensorSpec((None,), tf.float32))
+
+    def make(input_context):
+        batch = input_context.get_per_replica_batch_size(global_batch_size)
+        local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        padding = steps * local_replicas * batch - shard.rows
+        if shard.images:  # padding: any image that decodes
+            blank = tf.io.encode_png(tf.zeros((1, 1, input_shape[-1]), tf.uint8)).numpy()
+
+        def rows():
+            for x, y in shard.batches(range(shard.record_batches)):
+                yield (x if shard.images else x.reshape((-1, *input_shape))), y, np.ones(len(y), np.float32)
+            if padding:
+                x = np.array([blank] * padding, dtype=object) if shard.images else \
+                    np.zeros((padding, *input_shape), np.float32)
+                yield x, np.zeros(padding, shard.label_dtype), np.zeros(padding, np.float32)
+
+        ds = tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch()
+        if shard.images:
+            ds = ds.map(lambda x, y, w: (decode_image(x, input_shape), y, w), num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.batch(batch, drop_remainder=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

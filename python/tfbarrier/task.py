@@ -37,6 +37,14 @@ def _task_env(job):
     return {settings.ATTEMPT_ENV: str(job.attempt)}
 
 
+def _written_event(written, counts):
+    """'partition written: 1200 rows, 300 validation rows (validation checksum ...)'."""
+    text = "partition written: " + ", ".join(f"{value} {name.replace('_', ' ')}" for name, value in counts.items())
+    if written.get("validation_checksum"):
+        text += f" (validation checksum {written['validation_checksum'][:16]})"
+    return text
+
+
 def _training_process(job, python, env):
     """This worker's spare when it matches (TensorFlow already imported), else a fresh process."""
     spare = spares.take(spares.key(python, env)) if job.warm_start else None
@@ -65,20 +73,20 @@ def _run(job, context, batches, workdir, link):
         if job.verbose >= 2:
             link.follow(os.path.join(workdir, protocol.LOG_FILE))
         shard = os.path.join(workdir, protocol.SHARD_FILE)
-        rows, shard_checksum = job.write_input(batches, shard, index)
+        written = job.write_input(batches, shard, index)
+        counts = {name: value for name, value in written.items() if name.endswith("rows")}
         timings["data_shard"] = time.time() - spawned  # while the training process imports TensorFlow
-        link.event(f"partition written: {rows} rows")
+        link.event(_written_event(written, counts))
         port = process.receive(protocol.PORT, timeout=settings.STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - spawned
         link.event(f"training process ready on port {port}")
         gathered = time.time()
-        peers, how = rendezvous.gather(context, link, {"host": host, "port": port, "rows": rows}, job.attempt)
+        peers, how = rendezvous.gather(context, link, {"host": host, "port": port, **counts}, job.attempt)
         timings["rendezvous"] = time.time() - gathered
         link.event(f"rendezvous: {len(peers)} workers through {how} in {timings['rendezvous']:.3f} s")
         job.check_peers(peers)
-        steps = job.agree_steps(peers)
-        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), steps_per_epoch=steps,
-                     shard=shard, rows=rows)
+        agreed = job.agree_steps(peers)
+        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), shard=shard, **counts, **agreed)
         forward = lambda message: link.send("progress", **message)  # noqa: E731
         process.receive(protocol.DONE, stall_timeout=job.stall_timeout, on_message=forward)
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
@@ -87,7 +95,8 @@ def _run(job, context, batches, workdir, link):
         spares.leave(python, env)
     return WorkerResult.of_task(
         report, timings, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
-        rows=rows, shard_checksum=shard_checksum, steps_per_epoch=steps,
+        rows=written["rows"], shard_checksum=written["checksum"], steps_per_epoch=agreed.get("steps_per_epoch"),
+        validation_rows=written.get("validation_rows"), validation_checksum=written.get("validation_checksum"),
         environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started,
     )
 

@@ -102,12 +102,12 @@ def output_schema(columns):
     return pa.schema(fields)
 
 
-def spark_dataframe(data):
+def spark_dataframe(data, name="data"):
     from pyspark.sql import DataFrame
 
     if not isinstance(data, DataFrame):
         raise InvalidArgumentError(
-            f"data must be a Spark DataFrame, got {type(data).__name__}: convert it first, e.g. "
+            f"{name} must be a Spark DataFrame, got {type(data).__name__}: convert it first, e.g. "
             "spark.createDataFrame(pandas_df)"
         )
     return data
@@ -190,11 +190,27 @@ def profile(df, layout):
     return df.withColumn(partition, F.spark_partition_id()).agg(*aggregates).collect()[0].asDict()
 
 
-def check_profile(profile, layout, num_workers, input_shape):
-    """Refuse data the workers could not train on, naming the column and the fix."""
+def validation_arguments(validation_data, validation_split, validation_freq, features, label):
+    """(validation_data with the training columns, validation_split as a float or None, validation_freq)."""
+    if validation_data is not None and validation_split is not None:
+        raise InvalidArgumentError("pass validation_data or validation_split, not both")
+    if validation_data is not None:
+        validation_data = spark_dataframe(validation_data, "validation_data")
+        layout(validation_data.schema, features, label)  # the same columns, of usable types
+    if validation_split is not None:
+        if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
+                or not 0 < validation_split < 1:
+            raise InvalidArgumentError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
+        validation_split = float(validation_split)
+    return validation_data, validation_split, positive_int("validation_freq", validation_freq)
+
+
+def check_profile(profile, layout, num_workers, input_shape, what="the DataFrame"):
+    """Refuse data the workers could not train on (or, ``what``, validate on), naming the column and the fix."""
     rows = profile["rows"]
     if rows == 0:
-        raise InvalidArgumentError("the DataFrame is empty: there is nothing to train on")
+        raise InvalidArgumentError(f"{what} is empty: there is nothing to " +
+                                   ("train on" if what == "the DataFrame" else "validate on"))
     if rows < num_workers:
         raise InvalidArgumentError(
             f"the DataFrame has {rows} row(s), fewer than num_workers={num_workers}: every worker needs rows "
@@ -204,7 +220,8 @@ def check_profile(profile, layout, num_workers, input_shape):
         nulls = profile[f"nulls_{i}"]
         if nulls:
             raise ColumnError(
-                f"column {name!r} has {nulls} null value(s): drop or impute them first, e.g. "
+                f"column {name!r}{'' if what == 'the DataFrame' else ' of ' + what} has {nulls} null value(s): "
+                "drop or impute them first, e.g. "
                 f"df.dropna(subset={layout.columns!r})"
             )
     if layout.kind == shards.IMAGE:

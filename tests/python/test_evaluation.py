@@ -1,0 +1,106 @@
+"""Validation in fit (evaluation.py): validation_data and validation_split evaluate every validation
+row exactly once per epoch across the workers, as a single process's model.evaluate does, and
+callbacks that stop on val_* stop every worker at the same epoch."""
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import digits_cnn, training_processes
+from support import faults
+
+import tfbarrier
+
+
+def evaluate_locally(model, frame):
+    x = np.stack(frame["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    return model.evaluate(x, frame["digit"].to_numpy(), batch_size=len(frame), verbose=0, return_dict=True)
+
+
+@pytest.mark.parametrize("held_out_rows", [300, 3])
+def test_validation_data_is_evaluated_once_per_row_like_model_evaluate(spark, digits, held_out_rows):
+    train, held_out = digits[0], digits[1].iloc[:held_out_rows]
+    result = tfbarrier.fit(spark.createDataFrame(train), digits_cnn(), features="pixels", label="digit", epochs=2,
+                           batch_size=64, num_workers=2, seed=1, verbose=0,
+                           validation_data=spark.createDataFrame(held_out))
+    assert sum(w["validation_rows"] for w in result.workers) == held_out_rows
+    assert sum(w["rows"] for w in result.workers) == len(train)
+    assert set(result.history) == {"loss", "accuracy", "val_loss", "val_accuracy"} and result.epochs == 2
+    local = evaluate_locally(result.model, held_out)
+    assert result.history["val_loss"][-1] == pytest.approx(local["loss"], abs=1e-4)
+    assert round(result.history["val_accuracy"][-1] * held_out_rows) == round(local["accuracy"] * held_out_rows)
+
+
+def written_events(result):
+    """{(attempt, worker): validation checksum} from the tasks' 'partition written' events."""
+    found, attempt = {}, 0
+    for message in result.progress:
+        if message["kind"] == "event" and message["event"].startswith("task started"):
+            attempt = int(re.search(r"attempt (\d+)", message["event"]).group(1))
+        if message["kind"] == "event" and "validation checksum" in message["event"]:
+            found[(attempt, message["worker"])] = re.search(r"validation checksum (\w+)", message["event"]).group(1)
+    return found
+
+
+def test_validation_split_holds_out_the_same_rows_on_a_retry(digits_df):
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=2, batch_size=64,
+                           num_workers=2, seed=3, validation_split=0.2, max_retries=1, verbose=0,
+                           callbacks=faults.kill_first_attempt(worker=1, epoch=1))
+    assert [a["attempt"] for a in result.attempts] == [1, 2] and result.attempts[1]["error"] is None
+    held = written_events(result)
+    assert held[(1, 0)] == held[(2, 0)] and held[(1, 1)] == held[(2, 1)]
+    rows = sum(w["rows"] + w["validation_rows"] for w in result.workers)
+    assert 0.15 < sum(w["validation_rows"] for w in result.workers) / rows < 0.25
+    assert len(result.history["val_loss"]) == 2 and None not in result.history["val_loss"]
+
+
+def frozen_cnn():
+    """Learning rate 0: the validation loss cannot improve."""
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.0), metrics=["accuracy"],
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def early_stopping():
+    import tf_keras
+
+    return [tf_keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)]
+
+
+def test_early_stopping_on_val_loss_stops_every_worker_at_the_same_epoch(digits_df):
+    result = tfbarrier.fit(digits_df, frozen_cnn, features="pixels", label="digit", epochs=10, batch_size=64,
+                           num_workers=2, seed=1, validation_split=0.2, callbacks=early_stopping, timeout=300,
+                           verbose=0)
+    assert result.stopped_epoch == 1 and result.epochs == 2  # epoch 0 is the best, epoch 1 no better
+    steps = result.workers[0]["steps_per_epoch"]
+    assert [w["steps"] for w in result.workers] == [2 * steps] * 2
+    assert training_processes() == []
+
+
+def test_validation_freq_validates_every_nth_epoch(spark, digits):
+    result = tfbarrier.fit(spark.createDataFrame(digits[0]), digits_cnn(), features="pixels", label="digit",
+                           epochs=4, batch_size=64, num_workers=2, verbose=0, validation_freq=2,
+                           validation_data=spark.createDataFrame(digits[1]))
+    assert [v is None for v in result.history["val_loss"]] == [True, False, True, False]
+    assert len(result.history_frame()) == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"validation_split": 0.2, "validation_data": "df"}, "validation_data or validation_split, not both"),
+    ({"validation_split": 1.5}, "validation_split must be a fraction between 0 and 1"),
+    ({"validation_data": pd.DataFrame({"x": [1]})}, "validation_data must be a Spark DataFrame"),
+    ({"validation_data": "no label"}, "column 'digit' is not in the DataFrame"),
+    ({"validation_split": 0.2, "validation_freq": 2.5}, "validation_freq must be a positive integer"),
+    ({"validation_freq": 0}, "validation_freq must be a positive integer"),
+])
+def test_bad_validation_arguments_are_refused_on_the_driver(digits_df, kwargs, message):
+    from tfbarrier.errors import TfBarrierError
+
+    frames = {"df": digits_df, "no label": digits_df.select("pixels")}
+    kwargs = {k: frames[v] if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(TfBarrierError, match=message):
+        tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", **kwargs)
