@@ -15,25 +15,32 @@
 #' @param label A numeric column.
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
-#' @param ... Further arguments of `tfbarrier.fit()`: `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
-#'   `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`, `allow_unencrypted`,
-#'   `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
+#' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held
+#'   out, drawn with `seed`), `validation_freq`, `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
+#'   `callbacks`, `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
+#'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
+#' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...
+#'   in the history), with the same feature and label columns: converted like `sdf`. Each validation
+#'   evaluates every row exactly once across the workers.
 #' @param spark The `SparkSession` to convert an R data.frame or a path in; by default the one of
 #'   [tf_spark_connect()].
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
 #'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker, with its
 #'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`) and
-#'   `attempts`. It has `print()`, `plot()` and `predict()` methods.
+#'   `attempts`, and `stopped_epoch` (the last epoch run, from 0, when a callback such as early stopping
+#'   ended the fit; `NULL` otherwise). It has `print()`, `summary()`, `plot()`, `predict()` and
+#'   `as.data.frame()` (the history) methods.
 #' @section Errors: Bad arguments and data are refused before any Spark job with an R error whose
 #'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,
 #'   `"ClusterError"`, `"WorkerError"`...) followed by `"TfBarrierError"` and `"tfbarrier_error"`.
 #' @export
 spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 32L, num_workers = 2L, ...,
-                         spark = NULL) {
+                         validation_data = NULL, spark = NULL) {
   sdf <- as_spark_dataframe(sdf, spark)
+  if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
   result <- tf_call(core$fit(
     sdf, model, features = as_column_names(features), label = label, epochs = as_int(epochs),
-    batch_size = as_int(batch_size), num_workers = as_int(num_workers), ...
+    batch_size = as_int(batch_size), num_workers = as_int(num_workers), validation_data = validation_data, ...
   ))
   new_fit(result, features)
 }

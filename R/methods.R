@@ -1,8 +1,9 @@
 # The R face of a FitResult: plain R data (data.frames, named vectors) with print, plot and predict.
 
 new_fit <- function(result, features) {
-  history <- as.data.frame(lapply(result$history, unlist))
-  history <- cbind(epoch = seq_len(nrow(history)), history)
+  # val_* is None between validations (validation_freq): NA here.
+  values <- lapply(result$history, function(v) vapply(v, function(x) if (is.null(x)) NA_real_ else x, numeric(1)))
+  history <- cbind(epoch = seq_along(values[[1]]), as.data.frame(values))
   fields <- c("index", "host", "port", "rows", "steps", "steps_per_epoch", "checksum")
   workers <- do.call(rbind, lapply(result$workers, function(w) {
     row <- as.data.frame(w[fields], stringsAsFactors = FALSE)
@@ -17,6 +18,7 @@ new_fit <- function(result, features) {
       timings = unlist(result$timings),
       workers = workers,
       attempts = result$attempts,
+      stopped_epoch = result$stopped_epoch,
       features = features,
       python = result
     ),
@@ -38,20 +40,69 @@ print.tfbarrier_fit <- function(x, ...) {
 
 #' Training curves of a fit
 #'
-#' One panel per metric (loss, accuracy...), epochs on the x axis.
+#' One panel per metric (loss, accuracy...), epochs on the x axis, with its validation twin
+#' (`val_loss`...) in the same panel, dashed.
 #'
 #' @param x A `tfbarrier_fit`.
 #' @param ... Passed to [graphics::plot()].
-#' @return `x`, invisibly.
+#' @return The metrics drawn, one per panel, invisibly.
 #' @export
 plot.tfbarrier_fit <- function(x, ...) {
-  metrics <- setdiff(names(x$history), "epoch")
+  metrics <- setdiff(names(x$history), c("epoch", grep("^val_", names(x$history), value = TRUE)))
   old <- graphics::par(mfrow = c(1, length(metrics)))
   on.exit(graphics::par(old))
   for (metric in metrics) {
+    twin <- x$history[[paste0("val_", metric)]]
+    range <- range(c(x$history[[metric]], twin), na.rm = TRUE)
     graphics::plot(x$history$epoch, x$history[[metric]], type = "b", pch = 19, xlab = "epoch",
-                   ylab = metric, main = metric, ...)
+                   ylab = metric, main = metric, ylim = range, ...)
+    if (!is.null(twin)) {
+      keep <- !is.na(twin)
+      graphics::lines(x$history$epoch[keep], twin[keep], type = "b", pch = 1, lty = 2)
+      graphics::legend("topright", legend = c(metric, paste0("val_", metric)), pch = c(19, 1), lty = 1:2, bty = "n")
+    }
   }
+  invisible(metrics)
+}
+
+#' The history of a fit as a data.frame
+#'
+#' @param x A `tfbarrier_fit`.
+#' @param row.names,optional,... Unused; for the generic.
+#' @return One row per epoch: `epoch`, then each metric (`loss`, `accuracy`, `val_loss`...; `NA` for
+#'   `val_` columns between validations).
+#' @export
+as.data.frame.tfbarrier_fit <- function(x, row.names = NULL, optional = FALSE, ...) {
+  x$history
+}
+
+#' Summary of a fit
+#'
+#' @param object A `tfbarrier_fit`.
+#' @param ... Unused.
+#' @return A `summary.tfbarrier_fit`: `final` (the last epoch's metrics), `best_epoch` (lowest
+#'   `val_loss`, else lowest `loss`), `stopped_epoch`, `timings` and `workers`; it prints.
+#' @export
+summary.tfbarrier_fit <- function(object, ...) {
+  history <- object$history
+  monitor <- if ("val_loss" %in% names(history)) "val_loss" else "loss"
+  structure(list(
+    final = unlist(history[nrow(history), setdiff(names(history), "epoch")]),
+    best_epoch = history$epoch[which.min(history[[monitor]])], monitor = monitor,
+    epochs = nrow(history), stopped_epoch = object$stopped_epoch,
+    timings = object$timings, workers = object$workers
+  ), class = "summary.tfbarrier_fit")
+}
+
+#' @export
+print.summary.tfbarrier_fit <- function(x, ...) {
+  cat(sprintf("tfbarrier fit: %d workers, %d epochs%s\n", nrow(x$workers), x$epochs,
+              if (is.null(x$stopped_epoch)) "" else sprintf(" (stopped by a callback after epoch %d)",
+                                                             x$stopped_epoch + 1L)))
+  cat("final metrics: ", paste(sprintf("%s %.4g", names(x$final), x$final), collapse = ", "), "\n", sep = "")
+  cat(sprintf("best epoch by %s: %d\n", x$monitor, x$best_epoch))
+  cat("seconds: ", paste(sprintf("%s %.1f", names(x$timings), x$timings), collapse = ", "), "\n", sep = "")
+  print(x$workers[, c("index", "host", "rows", "steps", "peak_mb")], row.names = FALSE)
   invisible(x)
 }
 

@@ -71,3 +71,31 @@ test_that("tf_collect brings strings, logicals, missing values and ragged arrays
   expect_equal(nrow(tf_collect(sdf$limit(0L))), 0)
   expect_error(tf_collect(data.frame(x = 1)), "must be a pyspark DataFrame", class = "InvalidArgumentError")
 })
+
+test_that("validation_split and validation_data give val_ columns, summary() and paired plot panels", {
+  skip_if_no_tfbarrier()
+  data <- digits_split()
+  fit <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
+                      label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1,
+                      validation_split = 0.2, verbose = 0, spark = test_spark())
+  history <- as.data.frame(fit)
+  expect_named(history, c("epoch", "loss", "accuracy", "val_loss", "val_accuracy"))
+  expect_equal(nrow(history), 2)
+  expect_true(all(history$val_accuracy > 0 & history$val_accuracy <= 1))
+  expect_null(fit$stopped_epoch)
+  expect_output(print(summary(fit)), "best epoch by val_loss: [12]")
+
+  png_file <- tempfile(fileext = ".png")
+  grDevices::png(png_file)
+  panels <- plot(fit)
+  grDevices::dev.off()
+  expect_equal(panels, c("loss", "accuracy"))  # each with its val_ twin
+
+  held <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
+                       label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1, verbose = 0,
+                       validation_data = data$held_out, validation_freq = 2, spark = test_spark())
+  expect_equal(is.na(as.data.frame(held)$val_loss), c(TRUE, FALSE))
+  probabilities <- predict(held, data$held_out, type = "probabilities")
+  expect_equal(as.data.frame(held)$val_accuracy[2], mean(max.col(probabilities) - 1 == data$held_out$digit),
+               tolerance = 1e-6)
+})
