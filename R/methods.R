@@ -140,3 +140,28 @@ feature_matrix <- function(newdata, features) {
   }
   as.matrix(newdata[features])
 }
+
+#' Save a trained model
+#'
+#' `tf_save()` writes a `.keras` archive (architecture, weights, compile settings) that the model's own
+#' Keras loads (`keras3::load_model()`, or `keras$saving$load_model()` through reticulate);
+#' `tf_export()` writes a TensorFlow SavedModel directory for serving, whose `serve` signature maps a
+#' batch of inputs to the outputs. (Not `save_model()`: that is keras3's name.)
+#'
+#' @param fit A `tfbarrier_fit`.
+#' @param path For `tf_save()` a file ending in `.keras`; for `tf_export()` a directory.
+#' @return `path`, invisibly.
+#' @export
+tf_save <- function(fit, path) {
+  stopifnot(inherits(fit, "tfbarrier_fit"))
+  tf_call(fit$python$save(path.expand(path)))
+  invisible(path)
+}
+
+#' @rdname tf_save
+#' @export
+tf_export <- function(fit, path) {
+  stopifnot(inherits(fit, "tfbarrier_fit"))
+  tf_call(fit$python$export(path.expand(path)))
+  invisible(path)
+}

@@ -119,6 +119,28 @@ class FitResult:
             figure.savefig(path)
         return figure
 
+    def save(self, path):
+        """Write the trained model to ``path``, a ``.keras`` archive (architecture, weights, compile
+        settings) that the model's own Keras loads: ``keras.saving.load_model`` (Keras 3), or
+        ``tf_keras.models.load_model`` for a model function's. Returns ``path``."""
+        from .errors import InvalidArgumentError
+
+        if not str(path).endswith(".keras"):
+            raise InvalidArgumentError(f"save() writes a .keras archive, so the path must end in .keras, got {path!r}; "
+                                       "export() writes a TensorFlow SavedModel directory")
+        self.model.save(str(path))
+        return path
+
+    def export(self, path):
+        """Write the trained model as a TensorFlow SavedModel directory for serving (TensorFlow
+        Serving, ``tf.saved_model.load``): its ``serve`` signature maps a batch of inputs to the
+        model's outputs. Returns ``path``."""
+        import inspect
+
+        quiet = {"verbose": False} if "verbose" in inspect.signature(self.model.export).parameters else {}
+        self.model.export(str(path), **quiet)
+        return path
+
     @property
     def num_workers(self):
         return len(self.workers)

@@ -192,3 +192,18 @@ def test_tf_threads_sets_each_processs_thread_pools_spares_included(digits_df, t
                          [w["warm_start"] for w in result.workers])
     assert seen[1][0] == [{"intra": 1, "inter": 2}] * 2
     assert seen[3][0] == [{"intra": 3, "inter": 3}] * 2 and seen[3][1] == [True, True]
+
+
+def test_save_writes_a_keras_archive_and_export_a_savedmodel_that_predict_alike(two_worker_fit, digits, tmp_path):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    x = np.stack(digits[1]["pixels"].to_numpy()[:16]).reshape(-1, 8, 8, 1).astype("float32")
+    expected = two_worker_fit.model.predict(x, verbose=0)
+    archive = two_worker_fit.save(tmp_path / "digits.keras")
+    np.testing.assert_allclose(keras.saving.load_model(archive).predict(x, verbose=0), expected, atol=1e-5)
+    served = tf.saved_model.load(str(two_worker_fit.export(tmp_path / "digits_savedmodel")))
+    np.testing.assert_allclose(served.serve(x).numpy(), expected, atol=1e-5)
+    with pytest.raises(tfbarrier.errors.InvalidArgumentError, match="must end in .keras"):
+        two_worker_fit.save(tmp_path / "digits.h5")

@@ -18,6 +18,15 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
   expect_equal(dim(probabilities), c(5, 10))
   expect_equal(rowSums(probabilities), rep(1, 5), tolerance = 1e-5)
 
+  archive <- tf_save(fit, tempfile(fileext = ".keras"))
+  reloaded <- tfbarrier:::import_after_tfbarrier("keras")$saving$load_model(archive)
+  pixels <- reticulate::np_array(data$held_out$pixels[1:5, ], dtype = "float32")$reshape(c(5L, 8L, 8L, 1L))
+  expect_equal(reloaded$predict(pixels, verbose = 0L), predict(fit, data$held_out[1:5, ], type = "raw"),
+               tolerance = 1e-5)
+  expect_error(tf_save(fit, tempfile(fileext = ".h5")), "must end in .keras", class = "InvalidArgumentError")
+  served <- reticulate::import("tensorflow")$saved_model$load(tf_export(fit, tempfile("savedmodel-")))
+  expect_equal(served$serve(pixels)$numpy(), predict(fit, data$held_out[1:5, ], type = "raw"), tolerance = 1e-5)
+
   png_file <- tempfile(fileext = ".png")
   grDevices::png(png_file)
   plot(fit)
