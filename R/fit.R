@@ -16,7 +16,8 @@
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
 #' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held
-#'   out, drawn with `seed`), `validation_freq`, `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
+#'   out, drawn with `seed`), `validation_freq`, `sample_weight` (a numeric column), `class_weight` (a
+#'   named list, e.g. `list("3" = 5)`), `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
 #'   `callbacks`, `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
 #'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
 #' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...

@@ -71,7 +71,8 @@ def _spark_session(spark):
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
-        tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1, **unknown):
+        tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
+        sample_weight=None, class_weight=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -151,6 +152,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         ``seed`` (the same rows on every epoch and every retry).
     validation_freq : int
         Validate after every this many epochs (``val_*`` is None in ``history`` for the others).
+    sample_weight : str, optional
+        A numeric column: each row's weight in the loss (and in ``weighted_metrics``), in training and
+        validation, as Keras's ``sample_weight``.
+    class_weight : dict, optional
+        {class id: weight} for training, as in Keras: each row's loss is weighted by its class's weight
+        (times its sample weight); classes not listed weigh 1.
 
     Returns
     -------
@@ -171,9 +178,10 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     seed = None if seed is None else int(seed)
     verbose = validation.verbosity(verbose)
     tensorboard_dir = validation.directory("tensorboard_dir", tensorboard_dir)
-    layout = validation.layout(data.schema, features, label)
+    layout = validation.layout(data.schema, features, label, weight=sample_weight)
+    class_weight = validation.class_weights(class_weight)
     validation_data, validation_split, validation_freq = validation.validation_arguments(
-        validation_data, validation_split, validation_freq, features, label)
+        validation_data, validation_split, validation_freq, features, label, sample_weight)
     spec = ModelSpec.from_model(model)
     spec.check_loadable()
     callbacks = validation.callbacks_function(callbacks)
@@ -192,7 +200,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark), started_at=started,
         validation_column=validation_data is not None, validation_split=validation_split,
-        validation_freq=validation_freq,
+        validation_freq=validation_freq, class_weight=class_weight,
     )
     submitted = time.time()
     results, attempts, events = stage.run(frame, job, num_workers, verbose=verbose, global_batch=batch_size,

@@ -30,8 +30,9 @@ def per_example_loss(model):
 
 def validation_callback(dataset, steps, every=1):
     """A Keras callback adding ``val_loss`` and ``val_<metric>`` to the logs of every ``every``-th epoch,
-    from ``steps`` steps over ``dataset`` (distributed, of (x, y, present) batches: present is 0 for
-    the padding rows)."""
+    from ``steps`` steps over ``dataset`` (distributed, of (x, y, present, sample weight) batches:
+    present is 0 for the padding rows). As in model.evaluate, the loss is the mean over the rows of
+    each row's loss times its sample weight."""
     import tensorflow as tf
     import tf_keras
 
@@ -41,12 +42,15 @@ def validation_callback(dataset, steps, every=1):
 
             @tf.function
             def step(iterator):
-                def on_replica(x, y, present):
+                def on_replica(x, y, present, weight):
                     predicted = model(x, training=False)
-                    # Keras's compiled metrics= ignore sample weights: the padding rows are left out instead.
+                    # Keras's compiled metrics= ignore sample weights: the padding rows are left out instead;
+                    # weighted_metrics= take the rows' own weights, as in model.evaluate.
                     real = present > 0
-                    model.compiled_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real))
-                    return tf.reduce_sum(tf.cast(loss(y, predicted), tf.float32) * present), tf.reduce_sum(present)
+                    model.compiled_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real),
+                                                        tf.boolean_mask(weight, real))
+                    losses = tf.cast(loss(y, predicted), tf.float32) * weight * present
+                    return tf.reduce_sum(losses), tf.reduce_sum(present)
 
                 total, count = strategy.run(on_replica, args=next(iterator))
                 return (strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None),

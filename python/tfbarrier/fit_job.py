@@ -45,6 +45,7 @@ class FitJob(Job):
     validation_column: bool = False  # the partitions carry VALIDATION_COLUMN: validation_data's rows
     validation_split: float = None  # the fraction of each partition held out for validation
     validation_freq: int = 1  # validate after every this many epochs
+    class_weight: dict = None  # {class id: weight} for training
 
     # ---- in the task ----
     def write_input(self, batches, path, index):
@@ -110,7 +111,8 @@ class FitJob(Job):
         baseline_mb, _ = _resident_mb()
         seed = None if self.seed is None else self.seed + index
         dataset = strategy.distribute_datasets_from_function(
-            shards.dataset_fn(shard, input_shape, self.batch_size, seed, self.shuffle, self.shuffle_buffer)
+            shards.dataset_fn(shard, input_shape, self.batch_size, seed, self.shuffle, self.shuffle_buffer,
+                              self.class_weight)
         )
         validation = self._validation(tf, strategy, config, input_shape)
         timings["strategy_and_model"] = time.time() - started

@@ -37,10 +37,12 @@ class Layout:
     features: tuple
     label: str
     kind: str
+    weight: str = None  # a numeric column of sample weights (fit's sample_weight), or None
 
     @property
     def columns(self):
-        return [*self.features, self.label] if self.label is not None else list(self.features)
+        labels = [name for name in (self.label, self.weight) if name is not None]
+        return [*self.features, *labels]
 
 
 def feature_matrix(batch, layout):
@@ -80,12 +82,17 @@ def encoded_images(batch, layout):
 
 
 def _training_batch(batch, layout):
-    """One Spark batch as the shard's (x, y) batch."""
+    """One Spark batch as the shard's (x, y) batch, or (x, y, w) with sample weights."""
     label = batch.column(layout.label)
     if label.null_count:
         raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
     x = encoded_images(batch, layout) if layout.kind == IMAGE else feature_matrix(batch, layout)
-    return pa.RecordBatch.from_arrays([x, label], ["x", "y"])
+    if layout.weight is None:
+        return pa.RecordBatch.from_arrays([x, label], ["x", "y"])
+    weight = batch.column(layout.weight)
+    if weight.null_count:
+        raise ColumnError(f"sample_weight column {layout.weight!r} has null values: drop or fill them first")
+    return pa.RecordBatch.from_arrays([x, label, pc.cast(weight, pa.float32())], ["x", "y", "w"])
 
 
 def _bounded(batches):
@@ -101,7 +108,8 @@ def _digest(digest, batch):
     values = x.to_pylist() if pa.types.is_binary(x.type) else [to_numpy(x).tobytes()]
     for value in values:
         digest.update(value)
-    digest.update(batch.column(1).to_numpy(zero_copy_only=False).tobytes())
+    for column in batch.columns[1:]:
+        digest.update(column.to_numpy(zero_copy_only=False).tobytes())
 
 
 class _ShardFile:
@@ -133,7 +141,8 @@ class _ShardFile:
         """(rows, checksum); a shard without rows is still a (row-less) file."""
         if self.writer is None:
             x_type = pa.binary() if self.layout.kind == IMAGE else pa.list_(pa.float32(), 1)
-            self.writer = pa.ipc.new_file(self.path, pa.schema([("x", x_type), ("y", pa.float32())]))
+            fields = [("x", x_type), ("y", pa.float32())] + ([("w", pa.float32())] if self.layout.weight else [])
+            self.writer = pa.ipc.new_file(self.path, pa.schema(fields))
         self.writer.close()
         return self.rows, self.digest.hexdigest()
 
@@ -202,6 +211,7 @@ class Shard:
     width: int  # feature values per row; None for encoded images
     label_dtype: np.dtype
     bytes_per_row: float
+    weighted: bool = False  # rows carry a sample weight (w)
 
     @classmethod
     def open(cls, path, rows):
@@ -212,22 +222,24 @@ class Shard:
             return cls(path=path, rows=rows, record_batches=reader.num_record_batches,
                        width=None if pa.types.is_binary(x_type) else x_type.list_size,
                        label_dtype=_label_dtype(reader.schema.field("y").type),
-                       bytes_per_row=os.path.getsize(path) / max(1, rows))
+                       bytes_per_row=os.path.getsize(path) / max(1, rows),
+                       weighted="w" in reader.schema.names)
 
     @property
     def images(self):
         return self.width is None
 
     def batches(self, order):
-        """(x, y) NumPy arrays of the record batches in ``order``, read one at a time: x is float32
-        (rows, width), or an object array of encoded image bytes."""
+        """(x, y) NumPy arrays of the record batches in ``order``, read one at a time, and w (float32)
+        when the rows are weighted: x is float32 (rows, width), or an object array of encoded image bytes."""
         with pa.OSFile(self.path) as source:
             reader = pa.ipc.open_file(source)
             for i in order:
                 batch = reader.get_batch(int(i))
                 x = batch.column(0)
                 x = x.to_numpy(zero_copy_only=False) if self.images else to_numpy(x)
-                yield x, batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
+                y = batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
+                yield (x, y, batch.column(2).to_numpy(zero_copy_only=False)) if self.weighted else (x, y)
 
     def one_pass(self, shuffle, seed, pass_number):
         """(x, y) of every row once: the record batches as written, or with ``shuffle`` in an order drawn
@@ -237,11 +249,11 @@ class Shard:
             yield from self.batches(range(self.record_batches))
             return
         rng = np.random.default_rng(None if seed is None else [seed, int(pass_number)])
-        for x, y in self.batches(rng.permutation(self.record_batches)):
+        for arrays in self.batches(rng.permutation(self.record_batches)):
             if self.record_batches == 1:
-                rows = rng.permutation(len(y))
-                x, y = x[rows], y[rows]
-            yield x, y
+                rows = rng.permutation(len(arrays[1]))
+                arrays = tuple(a[rows] for a in arrays)
+            yield arrays
 
     def shuffle_buffer(self, requested, batch):
         """Rows in the shuffle buffer: ``requested``, or by default SHUFFLE_BUFFER_ROWS but no more than
@@ -277,7 +289,7 @@ def undecodable_row(rows, image_shape):
 def first_undecodable(shard, image_shape):
     """(position in the partition, reason) of the shard's first undecodable image, else None."""
     offset = 0
-    for x, _ in shard.batches(range(shard.record_batches)):
+    for x, *_ in shard.batches(range(shard.record_batches)):
         found = undecodable_row(x, image_shape)
         if found is not None:
             return offset + found[0], found[1]
@@ -285,21 +297,46 @@ def first_undecodable(shard, image_shape):
     return None
 
 
-def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffle_buffer=None):
+def _signature(shard, input_shape, extra=0):
+    """The generator's output signature: (x, y), then w with sample weights, then ``extra`` float columns."""
+    import tensorflow as tf
+
+    x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
+              else tf.TensorSpec((None, *input_shape), tf.float32))
+    floats = (tf.TensorSpec((None,), tf.float32),) * (int(shard.weighted) + extra)
+    return (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)), *floats)
+
+
+def class_weighted(class_weight):
+    """A tf.data map giving each row the weight of its class (classes not in ``class_weight`` weigh 1),
+    times its sample weight when it has one: Keras's class_weight, done where the data is."""
+    import tensorflow as tf
+
+    size = max(class_weight) + 1
+    table = tf.constant([float(class_weight.get(c, 1.0)) for c in range(size)], tf.float32)
+
+    def weigh(x, y, *sample_weight):
+        index = tf.cast(y, tf.int32)
+        weight = tf.where(index < size, tf.gather(table, tf.minimum(index, size - 1)), 1.0)
+        return x, y, weight * sample_weight[0] if sample_weight else weight
+
+    return weigh
+
+
+def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffle_buffer=None, class_weight=None):
     """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, streamed
     (see the module's docstring), repeated without end (every worker runs the agreed number of
     steps, however small its shard) and batched to the per-replica share of the global batch.
-    With ``shuffle`` False, rows come in partition order, pass after pass."""
+    With ``shuffle`` False, rows come in partition order, pass after pass. Elements are (x, y), or
+    (x, y, sample weight) with sample weights or ``class_weight`` ({class: weight})."""
     import tensorflow as tf
 
     input_shape = tuple(input_shape)
-    x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
-              else tf.TensorSpec((None, *input_shape), tf.float32))
-    signature = (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)))
+    signature = _signature(shard, input_shape)
 
     def one_pass_batches(pass_number):
-        for x, y in shard.one_pass(shuffle, seed, pass_number):
-            yield (x if shard.images else x.reshape((-1, *input_shape))), y
+        for x, *rest in shard.one_pass(shuffle, seed, pass_number):
+            yield (x if shard.images else x.reshape((-1, *input_shape))), *rest
 
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
@@ -317,7 +354,9 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
         # Keras's own Python between steps (a worker held up there holds up every worker's collectives).
         ds = tf.data.Dataset.range(0 if shard.rows == 0 else np.iinfo(np.int64).max).flat_map(one_pass)
         if shard.images:  # decoded in parallel after the shuffle
-            ds = ds.map(lambda x, y: (decode_image(x, input_shape), y), num_parallel_calls=tf.data.AUTOTUNE)
+            ds = ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
+        if class_weight:
+            ds = ds.map(class_weighted(class_weight), num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.batch(batch, drop_remainder=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -328,15 +367,13 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
 
 def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
     """A function for ``strategy.distribute_datasets_from_function``: this worker's validation shard
-    as (x, y, present) batches of the per-replica batch size, every row once and in order (present 1),
-    then padding rows (present 0) up to exactly ``steps`` steps (rendezvous.validation_steps), so that every
-    worker runs the same steps whatever its rows."""
+    as (x, y, present, sample weight) batches of the per-replica batch size, every row once and in order
+    (present 1; weight 1 without sample weights), then padding rows (present 0) up to exactly ``steps``
+    steps (rendezvous.validation_steps), so that every worker runs the same steps whatever its rows."""
     import tensorflow as tf
 
     input_shape = tuple(input_shape)
-    x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
-              else tf.TensorSpec((None, *input_shape), tf.float32))
-    signature = (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)), tf.TensorSpec((None,), tf.float32))
+    signature = _signature(shard, input_shape, extra=1 if shard.weighted else 2)
 
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
@@ -346,16 +383,18 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
             blank = tf.io.encode_png(tf.zeros((1, 1, input_shape[-1]), tf.uint8)).numpy()
 
         def rows():
-            for x, y in shard.batches(range(shard.record_batches)):
-                yield (x if shard.images else x.reshape((-1, *input_shape))), y, np.ones(len(y), np.float32)
+            for x, y, *weight in shard.batches(range(shard.record_batches)):
+                ones = np.ones(len(y), np.float32)
+                yield (x if shard.images else x.reshape((-1, *input_shape))), y, ones, weight[0] if weight else ones
             if padding:
                 x = np.array([blank] * padding, dtype=object) if shard.images else \
                     np.zeros((padding, *input_shape), np.float32)
-                yield x, np.zeros(padding, shard.label_dtype), np.zeros(padding, np.float32)
+                zeros = np.zeros(padding, np.float32)
+                yield x, np.zeros(padding, shard.label_dtype), zeros, zeros
 
         ds = tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch()
         if shard.images:
-            ds = ds.map(lambda x, y, w: (decode_image(x, input_shape), y, w), num_parallel_calls=tf.data.AUTOTUNE)
+            ds = ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
         ds = ds.batch(batch, drop_remainder=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

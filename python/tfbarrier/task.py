@@ -14,7 +14,16 @@ import shutil
 import tempfile
 import time
 
-from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares
+from . import (
+    driver_link,
+    environment,
+    errors,
+    gpus,
+    protocol,
+    rendezvous,
+    settings,
+    spares,
+)
 from .errors import TfBarrierError, WorkerError
 from .launcher import TrainingProcess
 from .results import WorkerResult

@@ -1,5 +1,6 @@
 """Checks made on the driver before any cluster work: arguments, columns, shapes."""
 
+import dataclasses
 import difflib
 import inspect
 import math
@@ -119,9 +120,17 @@ def _is_numeric(data_type):
     return isinstance(data_type, NumericType) and not isinstance(data_type, BooleanType)
 
 
-def layout(schema, features, label=None, scoring=False):
-    """The Layout of the training columns (``scoring``: the feature columns alone), or a ColumnError
-    naming the column and the fix."""
+def layout(schema, features, label=None, scoring=False, weight=None):
+    """The Layout of the training columns (``scoring``: the feature columns alone; ``weight``: a
+    column of sample weights), or a ColumnError naming the column and the fix."""
+    if weight is not None:
+        if not isinstance(weight, str):
+            raise InvalidArgumentError(f"sample_weight must be a column name, got {weight!r}")
+        found = {field.name: field.dataType for field in schema.fields}.get(weight)
+        if found is None or not _is_numeric(found):
+            raise ColumnError(f"sample_weight column {weight!r} must be a numeric column of the DataFrame"
+                              + ("" if found is None else f", not {found.simpleString()}"))
+        return dataclasses.replace(layout(schema, features, label, scoring), weight=weight)
     if isinstance(features, str):
         features = [features]
     if not features or not all(isinstance(f, str) for f in features):
@@ -190,13 +199,29 @@ def profile(df, layout):
     return df.withColumn(partition, F.spark_partition_id()).agg(*aggregates).collect()[0].asDict()
 
 
-def validation_arguments(validation_data, validation_split, validation_freq, features, label):
+def class_weights(class_weight):
+    """``class_weight`` as {class id: weight}; R's names arrive as strings ("0")."""
+    if class_weight is None:
+        return None
+    try:
+        weights = {int(key): float(value) for key, value in dict(class_weight).items()}
+        ok = weights and all(key >= 0 and value >= 0 and str(key) == str(raw).strip()
+                             for (key, value), raw in zip(weights.items(), dict(class_weight)))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise InvalidArgumentError(f"class_weight must map class ids (integers >= 0) to weights >= 0, e.g. "
+                                   f"{{0: 1.0, 1: 5.0}}; got {class_weight!r}")
+    return weights
+
+
+def validation_arguments(validation_data, validation_split, validation_freq, features, label, weight=None):
     """(validation_data with the training columns, validation_split as a float or None, validation_freq)."""
     if validation_data is not None and validation_split is not None:
         raise InvalidArgumentError("pass validation_data or validation_split, not both")
     if validation_data is not None:
         validation_data = spark_dataframe(validation_data, "validation_data")
-        layout(validation_data.schema, features, label)  # the same columns, of usable types
+        layout(validation_data.schema, features, label, weight=weight)  # the same columns, of usable types
     if validation_split is not None:
         if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
                 or not 0 < validation_split < 1:

@@ -104,3 +104,61 @@ def test_bad_validation_arguments_are_refused_on_the_driver(digits_df, kwargs, m
     kwargs = {k: frames[v] if isinstance(v, str) else v for k, v in kwargs.items()}
     with pytest.raises(TfBarrierError, match=message):
         tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", **kwargs)
+
+
+def class_accuracy(model, frame, digit):
+    rows = frame[frame["digit"] == digit]
+    x = np.stack(rows["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    return float(np.mean(np.argmax(model.predict(x, verbose=0), axis=1) == digit))
+
+
+@pytest.fixture(scope="module")
+def weighted_fits(spark, digits):
+    """The same model and seed trained three times: as is, with sample weights of 0 for the 3s, and
+    with a class weight of 0 for them."""
+    train = digits[0].assign(weight=(digits[0]["digit"] != 3).astype(float))
+    df = spark.createDataFrame(train).cache()
+    model = digits_cnn()
+
+    def fit(**kwargs):
+        return tfbarrier.fit(df, model, features="pixels", label="digit", epochs=4, batch_size=64, num_workers=2,
+                             seed=1, verbose=0, **kwargs)
+
+    return fit(), fit(sample_weight="weight"), fit(class_weight={3: 0.0})
+
+
+def test_sample_weights_of_zero_for_a_class_make_it_unlearned(weighted_fits, digits):
+    plain, weighted, _ = weighted_fits
+    assert class_accuracy(plain.model, digits[1], 3) > 0.8
+    assert class_accuracy(weighted.model, digits[1], 3) < 0.2
+    assert class_accuracy(weighted.model, digits[1], 1) > 0.8  # the other classes are still learned
+
+
+def test_a_class_weight_of_zero_does_the_same(weighted_fits, digits):
+    _, by_rows, by_class = weighted_fits
+    assert class_accuracy(by_class.model, digits[1], 3) < 0.2
+    assert by_class.workers[0]["checksum"] == by_rows.workers[0]["checksum"]  # the same weights, row by row
+
+
+def test_validation_loss_uses_the_rows_sample_weights_like_model_evaluate(spark, digits):
+    train = digits[0].assign(weight=1.0)
+    held_out = digits[1].assign(weight=np.where(digits[1]["digit"] % 2 == 0, 2.0, 0.5))
+    result = tfbarrier.fit(spark.createDataFrame(train), digits_cnn(), features="pixels", label="digit", epochs=1,
+                           batch_size=64, num_workers=2, seed=1, verbose=0, sample_weight="weight",
+                           validation_data=spark.createDataFrame(held_out))
+    x = np.stack(held_out["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    local = result.model.evaluate(x, held_out["digit"].to_numpy(), sample_weight=held_out["weight"].to_numpy(),
+                                  batch_size=len(held_out), verbose=0, return_dict=True)
+    assert result.history["val_loss"][-1] == pytest.approx(local["loss"], abs=1e-4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sample_weight": "nope"}, "sample_weight column 'nope' must be a numeric column"),
+    ({"class_weight": {"a": 1}}, "class_weight must map class ids"),
+    ({"class_weight": {1: -2}}, "class_weight must map class ids"),
+])
+def test_bad_weights_are_refused_on_the_driver(digits_df, kwargs, message):
+    from tfbarrier.errors import TfBarrierError
+
+    with pytest.raises(TfBarrierError, match=message):
+        tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", **kwargs)

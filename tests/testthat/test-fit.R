@@ -81,7 +81,7 @@ test_that("tf_collect brings strings, logicals, missing values and ragged arrays
   expect_error(tf_collect(data.frame(x = 1)), "must be a pyspark DataFrame", class = "InvalidArgumentError")
 })
 
-test_that("validation_split and validation_data give val_ columns, summary() and paired plot panels", {
+test_that("validation_split, validation_data and class_weight; val_ columns, summary() and paired plot panels", {
   skip_if_no_tfbarrier()
   data <- digits_split()
   fit <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
@@ -102,9 +102,12 @@ test_that("validation_split and validation_data give val_ columns, summary() and
 
   held <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
                        label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1, verbose = 0,
-                       validation_data = data$held_out, validation_freq = 2, spark = test_spark())
+                       validation_data = data$held_out, validation_freq = 2, class_weight = list("3" = 0),
+                       spark = test_spark())
   expect_equal(is.na(as.data.frame(held)$val_loss), c(TRUE, FALSE))
   probabilities <- predict(held, data$held_out, type = "probabilities")
+  threes <- data$held_out$digit == 3
+  expect_lt(mean(max.col(probabilities[threes, ]) - 1 == 3), 0.2)  # class_weight 0: the 3s are not learned
   expect_equal(as.data.frame(held)$val_accuracy[2], mean(max.col(probabilities) - 1 == data$held_out$digit),
                tolerance = 1e-6)
 })
