@@ -64,20 +64,9 @@ def test_when_retries_run_out_the_last_error_is_raised_with_every_attempt(digits
     assert training_processes() == []
 
 
-def slow_steps():
-    """Healthy but slow steps: 0.6 s each, so a heartbeat leaves at every step."""
-    import tf_keras
-
-    class Slow(tf_keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            time.sleep(0.6)
-
-    return [Slow()]
-
-
 def test_a_slow_but_healthy_fit_outlives_a_short_stall_timeout(digits_df):
     # The negative control of the stall watchdog: training lasts several stall_timeouts in all.
-    result = fit(digits_df, epochs=5, steps_per_epoch=10, callbacks=slow_steps, stall_timeout=8, verbose=0)
+    result = fit(digits_df, epochs=5, steps_per_epoch=10, callbacks=faults.slow_steps(0.6), stall_timeout=8, verbose=0)
     assert len(result.history["loss"]) == 5 and result.workers[0]["steps"] == 50
     assert result.timings["training"] > 3 * 8
 

@@ -6,6 +6,7 @@ import socket
 import psutil
 import pytest
 from conftest import digits_cnn
+from support import faults
 
 import tfbarrier
 
@@ -107,23 +108,10 @@ def test_when_no_task_reaches_the_driver_the_user_is_warned_that_progress_was_un
     assert server.events == []
 
 
-def one_step_a_second():
-    """Slow steps, so that the training process reports the running loss at every step."""
-    import time
-
-    import tf_keras
-
-    class Slow(tf_keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            time.sleep(1.05)
-
-    return [Slow()]
-
-
 def test_the_bars_loss_is_the_loss_keras_reports_for_the_global_batch(digits_df):
     # With 2 workers, tf_keras's per-batch logs add up both workers' running means: the bar showed ~2x.
     result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=2, batch_size=64,
-                           num_workers=2, steps_per_epoch=4, callbacks=one_step_a_second, seed=1, verbose=0)
+                           num_workers=2, steps_per_epoch=4, callbacks=faults.slow_steps(1.05), seed=1, verbose=0)
     chief = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == 0]
     for epoch, loss in enumerate(result.history["loss"]):
         steps = [m for m in chief if "loss" in m and "epoch" not in m and epoch * 4 < m["steps"] <= (epoch + 1) * 4]

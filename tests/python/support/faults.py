@@ -1,6 +1,6 @@
 """Fault injection for tests, through fit()'s documented ``callbacks=`` hook: each function here
 returns a callbacks factory; the callback acts only in the chosen worker (read from TF_CONFIG) and,
-for ``kill``, only in the first submission of the job (TFBARRIER_ATTEMPT)."""
+for ``kill``, only in the first submission of the job (TFBARRIER_ATTEMPT); ``slow_steps`` in every one."""
 
 import json
 import os
@@ -50,6 +50,16 @@ def hang(worker, epoch):
                 time.sleep(3600)
 
         return [_callback(act)]
+
+    return factory
+
+
+def slow_steps(seconds):
+    """Healthy but slow steps in every worker: each step ends ``seconds`` later (over 1 s: the training
+    process reports its running loss after every step)."""
+
+    def factory():
+        return [_callback(lambda epoch, batch: time.sleep(seconds))]
 
     return factory
 
