@@ -26,12 +26,12 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, and
     the union is spread over ``num_workers`` partitions."""
     frame = data.select(*layout.columns)
-    if validation_data is not None:
-        return _with_validation_rows(frame, validation_data, layout, num_workers, input_shape), None
     partitions = cluster.num_partitions(frame)
-    source = parquet_source.plan(frame, partitions, layout, num_workers)
+    source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
     profile = source.profile if source else validation.profile(frame, layout)
     validation.check_profile(profile, layout, num_workers, input_shape)
+    if validation_data is not None:
+        return _with_validation_rows(frame, validation_data, layout, num_workers, input_shape), None
     if source:
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
     keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
@@ -42,7 +42,6 @@ def _with_validation_rows(frame, validation_data, layout, num_workers, input_sha
     from pyspark.sql import functions as F
 
     held = validation_data.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
-    validation.check_profile(validation.profile(frame, layout), layout, num_workers, input_shape)
     validation.check_profile(validation.profile(held, layout), layout, 1, input_shape, what="validation_data")
     marked = [part.withColumn(VALIDATION_COLUMN, F.lit(flag)) for part, flag in ((frame, False), (held, True))]
     return marked[0].unionByName(marked[1]).repartition(num_workers)

@@ -47,6 +47,10 @@ class FitJob(Job):
     validation_freq: int = 1  # validate after every this many epochs
     class_weight: dict = None  # {class id: weight} for training
 
+    @property
+    def validates(self):
+        return self.validation_column or bool(self.validation_split)
+
     # ---- in the task ----
     def write_input(self, batches, path, index):
         if self.source is not None:  # a plain Parquet scan, read here rather than through Spark
@@ -71,7 +75,7 @@ class FitJob(Job):
         return None
 
     def check_peers(self, peers):
-        if self._held_out(0) is not None and not sum(peer["validation_rows"] for peer in peers):
+        if self.validates and not sum(peer["validation_rows"] for peer in peers):
             raise InvalidArgumentError(
                 f"validation_split={self.validation_split} held out no row of {sum(p['rows'] for p in peers)}: "
                 "raise it, or pass validation_data="
@@ -87,7 +91,7 @@ class FitJob(Job):
     def agree_steps(self, peers):
         agreed = {"steps_per_epoch": self.steps_per_epoch
                   or rendezvous.steps_per_epoch([p["rows"] for p in peers], self.batch_size)}
-        if "validation_rows" in peers[0]:
+        if self.validates:
             agreed["validation_steps"] = rendezvous.validation_steps([p["validation_rows"] for p in peers],
                                                                      self.batch_size)
         return agreed
@@ -141,7 +145,6 @@ class FitJob(Job):
             memory={"baseline_mb": baseline_mb, "peak_mb": peak_mb}, first_step_at=progress.first_step_at,
             finished_at=finished_at, initial_epoch=epoch_log.initial_epoch or 0, output=output,
         )
-
 
     def _validation(self, tf, strategy, config, input_shape):
         """(distributed validation dataset, steps) when the job validates, else None."""

@@ -41,8 +41,7 @@ def _numpy_column(column):
         values = pc.list_flatten(column)
         if len(column) and column.null_count == 0 and values.null_count == 0 and len(lengths) == 1:
             return values.to_numpy(zero_copy_only=False).reshape(len(column), lengths[0])
-        return [None if column[i] is None or not column[i].is_valid else
-                column[i].values.to_numpy(zero_copy_only=False) for i in range(len(column))]
+        return [row.values.to_numpy(zero_copy_only=False) if row.is_valid else None for row in column]
     if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
         if column.null_count == 0:
             return column.to_numpy(zero_copy_only=False)

@@ -297,14 +297,28 @@ def first_undecodable(shard, image_shape):
     return None
 
 
-def _signature(shard, input_shape, extra=0):
-    """The generator's output signature: (x, y), then w with sample weights, then ``extra`` float columns."""
+def _signature(shard, input_shape, floats):
+    """A generator's output signature: x, y, then ``floats`` float32 columns (weights...)."""
     import tensorflow as tf
 
     x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
               else tf.TensorSpec((None, *input_shape), tf.float32))
-    floats = (tf.TensorSpec((None,), tf.float32),) * (int(shard.weighted) + extra)
-    return (x_spec, tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype)), *floats)
+    y_spec = tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype))
+    return (x_spec, y_spec, *[tf.TensorSpec((None,), tf.float32)] * floats)
+
+
+def _batched(ds, shard, input_shape, batch, then=None):
+    """Rows -> what the strategy takes: images decoded in parallel, ``then`` (a map) applied, batches of
+    ``batch`` rows (every one full), tf.data's auto-sharding off (each worker has its own shard), prefetched."""
+    import tensorflow as tf
+
+    if shard.images:
+        ds = ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
+    if then is not None:
+        ds = ds.map(then, num_parallel_calls=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.batch(batch, drop_remainder=True).with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def class_weighted(class_weight):
@@ -332,7 +346,7 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
     import tensorflow as tf
 
     input_shape = tuple(input_shape)
-    signature = _signature(shard, input_shape)
+    signature = _signature(shard, input_shape, floats=int(shard.weighted))
 
     def one_pass_batches(pass_number):
         for x, *rest in shard.one_pass(shuffle, seed, pass_number):
@@ -353,14 +367,8 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
         # The generator only reads: rows are mixed and batched by tf.data's C++, which leaves the GIL to
         # Keras's own Python between steps (a worker held up there holds up every worker's collectives).
         ds = tf.data.Dataset.range(0 if shard.rows == 0 else np.iinfo(np.int64).max).flat_map(one_pass)
-        if shard.images:  # decoded in parallel after the shuffle
-            ds = ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
-        if class_weight:
-            ds = ds.map(class_weighted(class_weight), num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.batch(batch, drop_remainder=True)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        # Images are decoded after the shuffle.
+        return _batched(ds, shard, input_shape, batch, class_weighted(class_weight) if class_weight else None)
 
     return make
 
@@ -373,7 +381,7 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
     import tensorflow as tf
 
     input_shape = tuple(input_shape)
-    signature = _signature(shard, input_shape, extra=1 if shard.weighted else 2)
+    signature = _signature(shard, input_shape, floats=2)  # present, weight
 
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
@@ -392,12 +400,7 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
                 zeros = np.zeros(padding, np.float32)
                 yield x, np.zeros(padding, shard.label_dtype), zeros, zeros
 
-        ds = tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch()
-        if shard.images:
-            ds = ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
-        ds = ds.batch(batch, drop_remainder=True)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return _batched(tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch(), shard,
+                        input_shape, batch)
 
     return make

@@ -14,16 +14,7 @@ import shutil
 import tempfile
 import time
 
-from . import (
-    driver_link,
-    environment,
-    errors,
-    gpus,
-    protocol,
-    rendezvous,
-    settings,
-    spares,
-)
+from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares
 from .errors import TfBarrierError, WorkerError
 from .launcher import TrainingProcess
 from .results import WorkerResult
@@ -46,9 +37,15 @@ def _task_env(job):
     return {settings.ATTEMPT_ENV: str(job.attempt)}
 
 
-def _written_event(written, counts):
+def _row_counts(written):
+    """What ``write_input`` wrote that the peers learn: its ``*rows`` counts."""
+    return {name: value for name, value in written.items() if name.endswith("rows")}
+
+
+def _written_event(written):
     """'partition written: 1200 rows, 300 validation rows (validation checksum ...)'."""
-    text = "partition written: " + ", ".join(f"{value} {name.replace('_', ' ')}" for name, value in counts.items())
+    counts = _row_counts(written).items()
+    text = "partition written: " + ", ".join(f"{value} {name.replace('_', ' ')}" for name, value in counts)
     if written.get("validation_checksum"):
         text += f" (validation checksum {written['validation_checksum'][:16]})"
     return text
@@ -83,9 +80,9 @@ def _run(job, context, batches, workdir, link):
             link.follow(os.path.join(workdir, protocol.LOG_FILE))
         shard = os.path.join(workdir, protocol.SHARD_FILE)
         written = job.write_input(batches, shard, index)
-        counts = {name: value for name, value in written.items() if name.endswith("rows")}
+        counts = _row_counts(written)
         timings["data_shard"] = time.time() - spawned  # while the training process imports TensorFlow
-        link.event(_written_event(written, counts))
+        link.event(_written_event(written))
         port = process.receive(protocol.PORT, timeout=settings.STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - spawned
         link.event(f"training process ready on port {port}")
