@@ -17,7 +17,9 @@
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
 #' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held
 #'   out, drawn with `seed`), `validation_freq`, `sample_weight` (a numeric column), `class_weight` (a
-#'   named list, e.g. `list("3" = 5)`), `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
+#'   named list, e.g. `list("3" = 5)`), `save_to` (a directory: the chief saves the model there
+#'   after every epoch as a `.keras` archive, `epoch-001.keras`..., listed in `saved`), `save_best` (a
+#'   metric such as `"val_loss"`: only its best epoch, as `best.keras`), `save_mode`, `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
 #'   `callbacks`, `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
 #'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
 #' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...
@@ -29,7 +31,8 @@
 #'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker, with its
 #'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`) and
 #'   `attempts`, and `stopped_epoch` (the last epoch run, from 0, when a callback such as early stopping
-#'   ended the fit; `NULL` otherwise). It has `print()`, `summary()`, `plot()`, `predict()` and
+#'   ended the fit; `NULL` otherwise), and `saved` (with `save_to`: a data.frame of the saved models'
+#'   `epoch` and `path`). It has `print()`, `summary()`, `plot()`, `predict()` and
 #'   `as.data.frame()` (the history) methods.
 #' @section Errors: Bad arguments and data are refused before any Spark job with an R error whose
 #'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,

@@ -19,11 +19,19 @@ new_fit <- function(result, features) {
       workers = workers,
       attempts = result$attempts,
       stopped_epoch = result$stopped_epoch,
+      saved = saved_models(result$saved),
       features = features,
       python = result
     ),
     class = "tfbarrier_fit"
   )
+}
+
+# fit(save_to =)'s saved models as a data.frame (epoch, path), or NULL without save_to.
+saved_models <- function(saved) {
+  if (!length(saved)) return(NULL)
+  data.frame(epoch = vapply(saved, function(s) as.integer(s$epoch), integer(1)),
+             path = vapply(saved, function(s) s$path, character(1)), stringsAsFactors = FALSE)
 }
 
 #' @export
@@ -143,14 +151,37 @@ feature_matrix <- function(newdata, features) {
 
 #' Save a trained model
 #'
-#' `tf_save()` writes a `.keras` archive (architecture, weights, compile settings) that the model's own
-#' Keras loads (`keras3::load_model()`, or `keras$saving$load_model()` through reticulate);
+#' `save_model()` writes a `.keras` archive (architecture, weights, compile settings) that the model's
+#' own Keras loads (`keras3::load_model()`, or `keras$saving$load_model()` through reticulate);
 #' `tf_export()` writes a TensorFlow SavedModel directory for serving, whose `serve` signature maps a
-#' batch of inputs to the outputs. (Not `save_model()`: that is keras3's name.)
+#' batch of inputs to the outputs. The model is also `fit$model`: `fit$model$save(path)` is the same.
 #'
-#' @param fit A `tfbarrier_fit`.
-#' @param path For `tf_save()` a file ending in `.keras`; for `tf_export()` a directory.
-#' @return `path`, invisibly.
+#' `save_model()` is a generic: on anything but a `tfbarrier_fit` it calls `keras3::save_model()` (or
+#' the model's own `save()` without keras3), so it does not change what keras3's does. Attached after
+#' tfbarrier, keras3's own `save_model()` masks it: then call `tfbarrier::save_model()` or `tf_save()`.
+#' To save while training, pass `save_to` (and `save_best`) to [spark_tf_fit()].
+#'
+#' @param model,fit A `tfbarrier_fit` (for `save_model()`, also a Keras model).
+#' @param filepath,path For `save_model()` and `tf_save()` a file ending in `.keras`; for `tf_export()`
+#'   a directory.
+#' @param ... Passed to `keras3::save_model()` for a Keras model.
+#' @return The path, invisibly.
+#' @export
+save_model <- function(model, filepath, ...) UseMethod("save_model")
+
+#' @rdname save_model
+#' @export
+save_model.tfbarrier_fit <- function(model, filepath, ...) tf_save(model, filepath)
+
+#' @rdname save_model
+#' @export
+save_model.default <- function(model, filepath, ...) {
+  if (requireNamespace("keras3", quietly = TRUE)) return(keras3::save_model(model, filepath, ...))
+  tf_call(model$save(path.expand(filepath), ...))
+  invisible(filepath)
+}
+
+#' @rdname save_model
 #' @export
 tf_save <- function(fit, path) {
   stopifnot(inherits(fit, "tfbarrier_fit"))
@@ -158,7 +189,7 @@ tf_save <- function(fit, path) {
   invisible(path)
 }
 
-#' @rdname tf_save
+#' @rdname save_model
 #' @export
 tf_export <- function(fit, path) {
   stopifnot(inherits(fit, "tfbarrier_fit"))

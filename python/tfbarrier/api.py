@@ -71,7 +71,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
-        sample_weight=None, class_weight=None, **unknown):
+        sample_weight=None, class_weight=None, save_to=None, save_best=None, save_mode="auto", **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -157,6 +157,18 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     class_weight : dict, optional
         {class id: weight} for training, as in Keras: each row's loss is weighted by its class's weight
         (times its sample weight); classes not listed weigh 1.
+    save_to : str, optional
+        A directory every worker can reach (a shared file system; any local path in local mode). After
+        each epoch the chief writes the model there as a ``.keras`` archive the model's own Keras loads
+        (``keras.saving.load_model``, or tf_keras's for a model function), ``epoch-001.keras`` and so on,
+        with ``saved.json`` listing them and each epoch's metrics: a long fit leaves usable models even
+        if the driver dies. ``FitResult.saved`` lists them.
+    save_best : str, optional
+        With ``save_to``: save only when this metric (e.g. "val_loss", "val_accuracy", "loss") improves,
+        to ``best.keras``; epochs without validation (``validation_freq``) are skipped.
+    save_mode : str
+        "min", "max", or "auto" (default): "max" for metrics named after accuracy, AUC, precision or
+        recall, "min" otherwise, as Keras's ``ModelCheckpoint``.
 
     Returns
     -------
@@ -181,6 +193,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     class_weight = validation.class_weights(class_weight)
     validation_data, validation_split, validation_freq = validation.validation_arguments(
         validation_data, validation_split, validation_freq, features, label, sample_weight)
+    save_to, save_best, save_mode = validation.save_arguments(save_to, save_best, save_mode,
+                                                              validation_data is not None or validation_split)
     spec = ModelSpec.from_model(model)
     spec.check_loadable()
     callbacks = validation.callbacks_function(callbacks)
@@ -199,7 +213,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
         stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark), started_at=started,
         validation_column=validation_data is not None, validation_split=validation_split,
-        validation_freq=validation_freq, class_weight=class_weight,
+        validation_freq=validation_freq, class_weight=class_weight, save_to=save_to, save_best=save_best,
+        save_mode=save_mode,
     )
     submitted = time.time()
     results, attempts, events = stage.run(frame, job, num_workers, verbose=verbose, global_batch=batch_size,

@@ -16,7 +16,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import evaluation, parquet_source, protocol, rendezvous, shards, validation
+from . import evaluation, parquet_source, protocol, rendezvous, saving, shards, validation
 from .errors import ColumnError, InvalidArgumentError
 from .job import Job, port_clash_is_retryable
 from .model_spec import save_archive, weights_checksum
@@ -28,7 +28,7 @@ VALIDATION_COLUMN = "__tfbarrier_validation"  # with validation_data: True for i
 @dataclasses.dataclass
 class FitJob(Job):
     """``fit``: what to train (the model, which columns), how (epochs, batch, shuffling, callbacks)
-    and where its state goes (checkpoints, TensorBoard)."""
+    and where its state goes (checkpoints, saved models, TensorBoard)."""
 
     model: object = None  # ModelSpec
     layout: object = None  # shards.Layout
@@ -46,6 +46,9 @@ class FitJob(Job):
     validation_split: float = None  # the fraction of each partition held out for validation
     validation_freq: int = 1  # validate after every this many epochs
     class_weight: dict = None  # {class id: weight} for training
+    save_to: str = None  # the chief saves the model there after each epoch (saving.py)
+    save_best: str = None  # ... only when this metric improves
+    save_mode: str = "min"  # ... "min" or "max"
 
     @property
     def validates(self):
@@ -120,7 +123,7 @@ class FitJob(Job):
         )
         validation = self._validation(tf, strategy, config, input_shape)
         timings["strategy_and_model"] = time.time() - started
-        progress, epoch_log, callbacks = _callbacks(channel, self, is_chief=index == 0, validation=validation)
+        progress, epoch_log, saver, callbacks = _callbacks(channel, self, is_chief=index == 0, validation=validation)
         started = time.time()
         _train(tf, model, dataset, shard, input_shape, epochs=self.epochs,
                steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
@@ -135,6 +138,9 @@ class FitJob(Job):
             output["weights"] = weights
             if len(epoch_log.epochs) < self.epochs:  # a callback (EarlyStopping...) stopped the training
                 output["stopped_epoch"] = len(epoch_log.epochs) - 1
+            if saver is not None:
+                output["saved"] = [{"epoch": e["epoch"], "path": os.path.join(self.save_to, e["file"])}
+                                   for e in saver.entries or []]
         if self.model.flavor == "function":
             # Every worker saves (variable reads may be collective); only the chief's archive is kept.
             archive = save_archive(model)
@@ -167,8 +173,9 @@ def _history(epochs):
 
 def _callbacks(channel, job, is_chief, validation=None):
     """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
-    step clock and progress heartbeat, the epoch log, and BackupAndRestore when there is a checkpoint
-    directory; then the user's."""
+    step clock and progress heartbeat, the epoch log, the saved models (save_to), and BackupAndRestore
+    when there is a checkpoint directory (after them, so that a resumed attempt finds the epoch it
+    resumes after logged and saved); then the user's."""
     import tf_keras
 
     class Progress(tf_keras.callbacks.Callback):
@@ -234,6 +241,10 @@ def _callbacks(channel, job, is_chief, validation=None):
 
     progress, epoch_log = Progress(), EpochLog()
     callbacks = [progress, epoch_log]
+    saver = None
+    if job.save_to:
+        saver = saving.save_callback(job.model, job.save_to, job.save_best, job.save_mode, is_chief)
+        callbacks.append(saver)
     if validation is not None:
         callbacks.insert(0, evaluation.validation_callback(*validation, every=job.validation_freq))
     if job.checkpoint_dir:
@@ -242,7 +253,7 @@ def _callbacks(channel, job, is_chief, validation=None):
         callbacks.append(tf_keras.callbacks.TensorBoard(job.tensorboard_dir))
     if job.callbacks:
         callbacks.extend(cloudpickle.loads(job.callbacks)())
-    return progress, epoch_log, callbacks
+    return progress, epoch_log, saver, callbacks
 
 
 def _replicas_summed_in_batch_logs(model):

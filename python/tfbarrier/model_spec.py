@@ -187,3 +187,11 @@ class ModelSpec:
         model = tf_keras.models.model_from_json(json.dumps(config))
         model.compile(**keras_compat.compile_kwargs(self.compile_config))
         return model
+
+    def rebuilt_in_users_keras(self):
+        """The model in the user's Keras (Keras 3 or tf_keras) from its config, compiled as the user
+        compiled it: what the chief saves for fit(save_to=) (not for a model function), built outside
+        the strategy's scope."""
+        model = _keras_module(self.flavor).models.model_from_json(self.model_json)
+        model.compile_from_config(self.compile_config)
+        return model

@@ -81,6 +81,8 @@ class FitResult:
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,
               sent_at, received_at, ...), as shown live at verbose=1 and 2
+    saved:    with save_to, one dict per model the chief saved: epoch (from 1), path; with save_best
+              the last one is the best
     """
 
     model: object
@@ -90,6 +92,7 @@ class FitResult:
     attempts: list = dataclasses.field(default_factory=list)
     progress: list = dataclasses.field(default_factory=list, repr=False)
     stopped_epoch: int = None  # the last epoch run (from 0) when a callback such as EarlyStopping stopped the fit
+    saved: list = dataclasses.field(default_factory=list)
 
     def history_frame(self):
         """``history`` as a pandas DataFrame, one row per epoch (numbered from 1)."""
@@ -161,7 +164,7 @@ class FitResult:
         timings["total"] = finished - started
         return cls(model=model, history=chief.output["history"], timings=timings,
                    workers=[r.public() for r in results], attempts=attempts, progress=progress,
-                   stopped_epoch=chief.output.get("stopped_epoch"))
+                   stopped_epoch=chief.output.get("stopped_epoch"), saved=chief.output.get("saved", []))
 
     def __repr__(self):
         last = ", ".join(f"{k}={v[-1]:.4g}" for k, v in self.history.items() if v)

@@ -230,6 +230,25 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
     return validation_data, validation_split, positive_int("validation_freq", validation_freq)
 
 
+def save_arguments(save_to, save_best, save_mode, validates):
+    """(save_to as a directory, save_best, its mode "min"/"max") for fit's saved models."""
+    from .saving import best_mode
+
+    if save_to is None:
+        if save_best is not None:
+            raise InvalidArgumentError(f"save_best={save_best!r} needs save_to=, the directory to save the models in")
+        return None, None, "min"
+    save_to = directory("save_to", save_to)
+    if save_best is None:
+        return save_to, None, "min"
+    if not isinstance(save_best, str) or not save_best:
+        raise InvalidArgumentError(f"save_best must be the name of a metric such as 'val_loss', got {save_best!r}")
+    if save_best.startswith("val_") and not validates:
+        raise InvalidArgumentError(f"save_best={save_best!r} is a validation metric: pass validation_data= or "
+                                   "validation_split= as well, or monitor a training metric such as 'loss'")
+    return save_to, save_best, best_mode(save_best, save_mode)
+
+
 def check_profile(profile, layout, num_workers, input_shape, what="the DataFrame"):
     """Refuse data the workers could not train on (or, ``what``, validate on), naming the column and the fix."""
     rows = profile["rows"]

@@ -18,7 +18,7 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
   expect_equal(dim(probabilities), c(5, 10))
   expect_equal(rowSums(probabilities), rep(1, 5), tolerance = 1e-5)
 
-  archive <- tf_save(fit, tempfile(fileext = ".keras"))
+  archive <- save_model(fit, tempfile(fileext = ".keras"))
   reloaded <- tfbarrier:::import_after_tfbarrier("keras")$saving$load_model(archive)
   pixels <- reticulate::np_array(data$held_out$pixels[1:5, ], dtype = "float32")$reshape(c(5L, 8L, 8L, 1L))
   expect_equal(reloaded$predict(pixels, verbose = 0L), predict(fit, data$held_out[1:5, ], type = "raw"),
@@ -81,18 +81,24 @@ test_that("tf_collect brings strings, logicals, missing values and ragged arrays
   expect_error(tf_collect(data.frame(x = 1)), "must be a pyspark DataFrame", class = "InvalidArgumentError")
 })
 
-test_that("validation_split, validation_data and class_weight; val_ columns, summary() and paired plot panels", {
+test_that("validation_split, validation_data, class_weight, save_best; val_ columns, summary(), plot panels", {
   skip_if_no_tfbarrier()
   data <- digits_split()
+  saved_in <- tempfile("saved-")
   fit <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
                       label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1,
-                      validation_split = 0.2, verbose = 0, spark = test_spark())
+                      validation_split = 0.2, save_to = saved_in, save_best = "val_loss", verbose = 0,
+                      spark = test_spark())
   history <- as.data.frame(fit)
   expect_named(history, c("epoch", "loss", "accuracy", "val_loss", "val_accuracy"))
   expect_equal(nrow(history), 2)
   expect_true(all(history$val_accuracy > 0 & history$val_accuracy <= 1))
   expect_null(fit$stopped_epoch)
   expect_output(print(summary(fit)), "best epoch by val_loss: [12]")
+  expect_equal(fit$saved$epoch[nrow(fit$saved)], which.min(history$val_loss))
+  expect_setequal(list.files(saved_in), c("best.keras", "saved.json"))
+  best <- tfbarrier:::import_after_tfbarrier("keras")$saving$load_model(file.path(saved_in, "best.keras"))
+  expect_equal(length(best$get_weights()), length(fit$model$get_weights()))
 
   png_file <- tempfile(fileext = ".png")
   grDevices::png(png_file)
