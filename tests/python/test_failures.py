@@ -81,7 +81,7 @@ def test_timeout_cancels_the_whole_fit(digits_df):
 
 def test_a_killed_worker_is_retried_and_resumes_from_the_last_epoch(digits_df, digits, tmp_path):
     result = fit(digits_df, epochs=3, callbacks=faults.kill_first_attempt(worker=1, epoch=1),
-                 checkpoint_dir=str(tmp_path / "ckpt"), max_retries=1)
+                 checkpoint_dir=str(tmp_path / "ckpt"), max_retries=1, save_to=str(tmp_path / "models"))
     first, second = result.attempts
     assert first["attempt"] == 1 and first["retryable"] and "killed by signal SIGKILL" in first["error"]
     assert second == {"attempt": 2, "error": None, "initial_epoch": 1}
@@ -89,6 +89,10 @@ def test_a_killed_worker_is_retried_and_resumes_from_the_last_epoch(digits_df, d
     steps_per_epoch = result.workers[0]["steps_per_epoch"]
     assert [w["steps"] for w in result.workers] == [2 * steps_per_epoch] * 2  # the resumed run skipped epoch 0
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+    # save_to: the resumed attempt keeps the first attempt's saved epoch in its manifest
+    assert [s["epoch"] for s in result.saved] == [1, 2, 3]
+    manifest = json.loads((tmp_path / "models" / "saved.json").read_text())
+    assert [m["logs"]["loss"] for m in manifest] == result.history["loss"]
     assert training_processes() == []
 
 
