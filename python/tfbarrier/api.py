@@ -15,6 +15,8 @@ from .model_spec import ModelSpec
 from .results import FitResult
 from .settings import STALL_TIMEOUT
 
+PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
+
 __all__ = ["FitResult", "apply", "fit", "run"]
 
 
@@ -23,28 +25,34 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
-    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, and
-    the union is spread over ``num_workers`` partitions."""
+    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN."""
     frame = data.select(*layout.columns)
     partitions = cluster.num_partitions(frame)
     source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
     profile = source.profile if source else validation.profile(frame, layout)
     validation.check_profile(profile, layout, num_workers, input_shape)
+    keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
     if validation_data is not None:
-        return _with_validation_rows(frame, validation_data, layout, num_workers, input_shape), None
+        return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None
     if source:
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
-    keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
     return (frame if keep else frame.repartition(num_workers)), None
 
 
-def _with_validation_rows(frame, validation_data, layout, num_workers, input_shape):
+def _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape):
+    """The training rows and validation_data's in one DataFrame of ``num_workers`` partitions (one
+    shuffle). Each side keeps its own partitioning when it has ``num_workers`` partitions (the
+    training data's ``keep``; validation_data's may be empty or uneven: every worker validates
+    however few rows it has); otherwise its rows are spread by a hash of their values."""
     from pyspark.sql import functions as F
 
     held = validation_data.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
     validation.check_profile(validation.profile(held, layout), layout, 1, input_shape, what="validation_data")
-    marked = [part.withColumn(VALIDATION_COLUMN, F.lit(flag)) for part, flag in ((frame, False), (held, True))]
-    return marked[0].unionByName(marked[1]).repartition(num_workers)
+    keys = cluster.partition_keys(frame.sparkSession, num_workers)
+    placed = [cluster.with_partition_key(part, PARTITION_KEY, keys, kept).withColumn(VALIDATION_COLUMN, F.lit(flag))
+              for part, kept, flag in ((frame, keep, False),
+                                       (held, cluster.num_partitions(held) == num_workers, True))]
+    return placed[0].unionByName(placed[1]).repartition(num_workers, PARTITION_KEY).drop(PARTITION_KEY)
 
 
 def _python_env(spark, env):
@@ -143,7 +151,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         default: the executors' own Python.
     validation_data : pyspark.sql.DataFrame, optional
         Rows to evaluate the model on after each epoch, with the training data's feature and label
-        columns. Shared among the workers with the training rows (never collected); each validation
+        columns. Shared among the workers with the training rows (never collected; partition i to
+        worker i when it has ``num_workers`` partitions, else spread by a hash of the rows); each validation
         evaluates every row exactly once across all workers. ``val_loss`` and ``val_<metric>`` go into
         ``history``, the epoch lines and the logs callbacks see (EarlyStopping, ReduceLROnPlateau).
     validation_split : float, optional

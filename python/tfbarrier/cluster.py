@@ -102,6 +102,30 @@ def num_partitions(df):
     return None if is_connect(df.sparkSession) else df.rdd.getNumPartitions()
 
 
+def partition_keys(spark, num_partitions):
+    """For each partition p < ``num_partitions``, an int key that ``repartition(num_partitions, key)``
+    sends to partition p. Spark's hash partitioning puts a row in pmod(hash(key), n) (Murmur3, as
+    ``F.hash``), so small ints collide; this asks Spark itself for one key per partition."""
+    from pyspark.sql import functions as F
+
+    candidates = spark.range(0, 64 * num_partitions).select(
+        F.col("id").cast("int").alias("key"), F.pmod(F.hash(F.col("id").cast("int")), F.lit(num_partitions)).alias("p"))
+    found = {row["p"]: row["key"] for row in candidates.groupBy("p").agg(F.min("key").alias("key")).collect()}
+    missing = set(range(num_partitions)) - set(found)
+    if missing:  # 64 tries per partition: a partition hit by none would be a broken hash
+        raise RuntimeError(f"no partition key found for partition(s) {sorted(missing)}")
+    return [found[p] for p in range(num_partitions)]
+
+
+def with_partition_key(df, name, keys, keep):
+    """``df`` with column ``name`` holding one of ``keys`` (from partition_keys): the key of the row's
+    own partition's index (mod len(keys)) when ``keep``, else of a hash of its values."""
+    from pyspark.sql import functions as F
+
+    target = F.spark_partition_id() if keep else F.hash(*df.columns)
+    return df.withColumn(name, F.element_at(F.array(*map(F.lit, keys)), F.pmod(target, F.lit(len(keys))) + 1))
+
+
 def _simple_name(java_object):
     return java_object.getClass().getSimpleName()
 

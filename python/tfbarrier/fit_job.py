@@ -121,7 +121,7 @@ class FitJob(Job):
             shards.dataset_fn(shard, input_shape, self.batch_size, seed, self.shuffle, self.shuffle_buffer,
                               self.class_weight)
         )
-        validation = self._validation(tf, strategy, config, input_shape)
+        validation = self._validation(tf, strategy, config, input_shape, shard)
         timings["strategy_and_model"] = time.time() - started
         progress, epoch_log, saver, callbacks = _callbacks(channel, self, is_chief=index == 0, validation=validation)
         started = time.time()
@@ -152,13 +152,16 @@ class FitJob(Job):
             finished_at=finished_at, initial_epoch=epoch_log.initial_epoch or 0, output=output,
         )
 
-    def _validation(self, tf, strategy, config, input_shape):
+    def _validation(self, tf, strategy, config, input_shape, training):
         """(distributed validation dataset, steps) when the job validates, else None."""
         if not config.get("validation_steps"):
             return None
         path = os.path.join(os.path.dirname(config["shard"]), protocol.VALIDATION_FILE)
         shard = shards.Shard.open(path, config["validation_rows"])
-        _check_input(shard, input_shape)
+        if shard.rows:
+            _check_input(shard, input_shape)
+        else:  # this worker validates padding only, in the form of its training rows (an empty file has none)
+            shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype)
         steps = config["validation_steps"]
         dataset = strategy.distribute_datasets_from_function(
             shards.validation_dataset_fn(shard, input_shape, self.batch_size, steps))

@@ -121,7 +121,9 @@ class _ShardFile:
         self.rows, self.digest, self.widths, self.writer = 0, hashlib.sha256(), set(), None
 
     def add(self, batch):
-        """One Spark record batch's rows."""
+        """One Spark record batch's rows (none: nothing to write, e.g. no validation row in the batch)."""
+        if not len(batch):
+            return
         for piece in _bounded([_training_batch(batch, self.layout)]):
             if self.layout.kind == ARRAY:
                 self.widths.add(piece.schema.field("x").type.list_size)

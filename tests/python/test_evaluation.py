@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import digits_cnn, training_processes
+from conftest import digits_cnn, partitioned, training_processes
 from support import faults
 
 import tfbarrier
@@ -18,18 +18,21 @@ def evaluate_locally(model, frame):
     return model.evaluate(x, frame["digit"].to_numpy(), batch_size=len(frame), verbose=0, return_dict=True)
 
 
-@pytest.mark.parametrize("held_out_rows", [300, 3])
-def test_validation_data_is_evaluated_once_per_row_like_model_evaluate(spark, digits, held_out_rows):
-    train, held_out = digits[0], digits[1].iloc[:held_out_rows]
+@pytest.mark.parametrize("split", [(210, 90), (1, 299), (0, 3)])
+def test_validation_data_is_evaluated_once_per_row_like_model_evaluate(spark, digits, split):
+    """validation_data in two deliberately uneven partitions (one of 1 row, one empty), which each
+    worker gets as they are."""
+    train, held_out = digits[0], digits[1].iloc[:sum(split)]
+    validation_data = partitioned(spark, held_out, lambda i: int(i >= split[0]), 2)
     result = tfbarrier.fit(spark.createDataFrame(train), digits_cnn(), features="pixels", label="digit", epochs=2,
-                           batch_size=64, num_workers=2, seed=1, verbose=0,
-                           validation_data=spark.createDataFrame(held_out))
-    assert sum(w["validation_rows"] for w in result.workers) == held_out_rows
+                           batch_size=64, num_workers=2, seed=1, verbose=0, validation_data=validation_data)
+    assert tuple(w["validation_rows"] for w in result.workers) == split
     assert sum(w["rows"] for w in result.workers) == len(train)
     assert set(result.history) == {"loss", "accuracy", "val_loss", "val_accuracy"} and result.epochs == 2
     local = evaluate_locally(result.model, held_out)
     assert result.history["val_loss"][-1] == pytest.approx(local["loss"], abs=1e-4)
-    assert round(result.history["val_accuracy"][-1] * held_out_rows) == round(local["accuracy"] * held_out_rows)
+    rows = sum(split)
+    assert round(result.history["val_accuracy"][-1] * rows) == round(local["accuracy"] * rows)
 
 
 def written_events(result):

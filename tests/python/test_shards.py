@@ -107,3 +107,21 @@ def test_seed_zero_with_the_global_seed_set_as_the_workers_set_it(tmp_path, smal
     finally:
         tf.random.set_seed(None)
     assert sorted(labels[:60]) == list(range(60))
+
+
+def test_a_validation_shard_takes_only_the_marked_rows_even_when_a_batch_has_none(tmp_path):
+    """Spark batches with no validation row (a large partition beside a small validation set) are
+    skipped, not written as empty pieces; a worker without validation rows gets an empty shard."""
+    batches = [pa.RecordBatch.from_pydict({"f": [[float(v)] * WIDTH for v in range(i, i + 7)],
+                                           "label": list(range(i, i + 7)), "held": [i == 14] * 7})
+               for i in range(0, 21, 7)]
+    layout = shards.Layout(("f",), "label", shards.ARRAY)
+    held = (str(tmp_path / "validation"), lambda batch: batch.column("held"))
+    (rows, _), (held_rows, _) = shards.write(batches, str(tmp_path / "training"), layout, held)
+    validation = shards.Shard.open(str(tmp_path / "validation"), held_rows)
+    assert (rows, held_rows) == (14, 7)
+    assert list(np.concatenate([y for _, y in validation.batches(range(validation.record_batches))])) == list(
+        range(14, 21))
+    (_, _), (none, _) = shards.write(batches[:2], str(tmp_path / "training2"), layout, (str(tmp_path / "v2"),
+                                                                                       held[1]))
+    assert none == 0 and shards.Shard.open(str(tmp_path / "v2"), 0).record_batches == 0
