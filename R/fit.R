@@ -56,7 +56,10 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 #' @param fit A `tfbarrier_fit` or a Keras model.
 #' @param features As in [spark_tf_fit()]; by default the features of `fit`.
 #' @param output_col Name of the prediction column.
-#' @param output `"class"` (class id), `"probabilities"` or `"raw"` model outputs.
+#' @param output `"class"` (class id), `"probabilities"`, `"raw"` model outputs, or `"features"`: the
+#'   output of `layer`, flattened (the model as a feature extractor, for transfer learning).
+#' @param layer With `output = "features"`: a layer's name, or its position in the model's layers
+#'   (1-based, as keras3's `get_layer(index =)`); by default the layer before the last.
 #' @param batch_size Rows per forward pass.
 #' @param spark As in [spark_tf_fit()].
 #' @return Every column of `sdf` plus `output_col` (a number, or an array column for
@@ -65,13 +68,19 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 #'   directory described in [tf_spark_dataframe()]). [tf_collect()] brings either into R.
 #' @export
 spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
-                             batch_size = 1024L, spark = NULL) {
+                             batch_size = 1024L, layer = NULL, spark = NULL) {
   tbl <- sdf
   sdf <- as_spark_dataframe(sdf, spark)
   model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit
   if (is.null(features)) features <- fit$features
+  if (is.null(layer)) {
+    layer <- -2L
+  } else if (is.numeric(layer)) {
+    if (length(layer) != 1 || layer < 1) tf_abort("layer must be a layer's name or its 1-based position", "InvalidArgumentError")
+    layer <- as_int(layer) - 1L
+  }
   scored <- tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
-                                 output = output, batch_size = as_int(batch_size)))
+                                 output = output, batch_size = as_int(batch_size), layer = layer))
   if (inherits(tbl, "tbl_spark")) scored <- back_to_sparklyr(scored, tbl)
   scored
 }

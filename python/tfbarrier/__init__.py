@@ -11,8 +11,10 @@ from .api import FitResult, apply, fit, run
 from .environment import PythonEnv
 from .frames import spark_frame
 from .inference import predict
+from .tuning import TuneResult, tune
 
 tf_banners.install()
 
 __version__ = "0.1.0"
-__all__ = ["FitResult", "PythonEnv", "apply", "errors", "fit", "predict", "run", "spark_frame", "__version__"]
+__all__ = ["FitResult", "PythonEnv", "TuneResult", "apply", "errors", "fit", "predict", "run", "spark_frame", "tune",
+           "__version__"]

@@ -41,6 +41,15 @@ class JobTimeoutError(TfBarrierError, TimeoutError):
 FitTimeoutError = JobTimeoutError  # the name before run() and apply() had timeouts too
 
 
+class TrialsFailedError(TfBarrierError, RuntimeError):
+    """Every trial of tune() failed (or none reported the metric); ``trials`` is the table of them,
+    each with its error."""
+
+    def __init__(self, message, trials=None):
+        super().__init__(message)
+        self.trials = trials
+
+
 class WorkerError(TfBarrierError, RuntimeError):
     """A training worker failed. ``worker`` is the failing worker's index, ``host`` its host,
     ``exc_type`` the original exception's type, ``log`` the last lines of its output. ``retryable``

@@ -20,11 +20,11 @@ import pyarrow as pa
 
 from . import cluster, shards, validation
 from .errors import ColumnError, InvalidArgumentError, ModelError
-from .model_spec import keras_flavor, load_archive, save_archive
+from .model_spec import keras_flavor, keras_module, load_archive, save_archive
 from .results import FitResult
 from .settings import MODEL_LOAD_LOG_ENV
 
-OUTPUTS = ("class", "probabilities", "raw")
+OUTPUTS = ("class", "probabilities", "raw", "features")
 _CACHE_SIZE = 2  # models kept per Python worker
 _models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
 
@@ -39,7 +39,7 @@ def _last_activation(model):
 def _output_transform(model, output):
     """How raw outputs become probabilities: "none" (already probabilities), "softmax" or "sigmoid"
     (the model outputs logits), decided on the driver from the last layer's activation."""
-    if output == "raw":
+    if output in ("raw", "features"):
         return "none"
     activation = _last_activation(model)
     if activation in ("softmax", "sigmoid"):
@@ -63,7 +63,7 @@ def _probabilities(raw, transform):
 
 def _outputs(raw, output, transform):
     """Class ids, probabilities or raw outputs from a (rows, units) array of raw model outputs."""
-    if output == "raw":
+    if output in ("raw", "features"):
         return raw
     probabilities = _probabilities(raw, transform)
     if output == "probabilities":
@@ -81,6 +81,24 @@ def predict_local(model, x, output="class", batch_size=1024):
     validation.check_input_width(x.shape[1], input_shape)
     raw = np.asarray(model.predict(x.reshape((-1, *input_shape)), batch_size=batch_size, verbose=0))
     return _outputs(raw.reshape(len(x), -1).astype(np.float32), output, _output_transform(model, output))
+
+
+def feature_extractor(model, layer):
+    """The model truncated at ``layer`` (a name, or an index into ``model.layers``, negative from the
+    end): its inputs to that layer's output, with the model's own weights, in the model's Keras. Made
+    on the driver; what ``predict(output="features")`` scores with."""
+    if isinstance(layer, bool) or not isinstance(layer, (str, int)):
+        raise InvalidArgumentError(f"layer must be a layer's name or index, got {layer!r}")
+    try:
+        chosen = model.get_layer(name=layer) if isinstance(layer, str) else model.layers[layer]
+    except (ValueError, IndexError):
+        names = ", ".join(repr(each.name) for each in model.layers)
+        raise InvalidArgumentError(f"the model has no layer {layer!r}: its layers are {names} "
+                                   "(or an index into them, e.g. -2 for the one before the last)") from None
+    if isinstance(chosen.output, (list, tuple, dict)):
+        raise ModelError(f"layer {chosen.name!r} has several outputs: pick a layer with one")
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs  # a list would want a list of arrays
+    return keras_module(keras_flavor(model)).Model(inputs, chosen.output, name=f"{model.name}_{chosen.name}")
 
 
 def _load(model_id, archive, flavor):
@@ -163,7 +181,7 @@ def _scorer(model_id, archive, flavor, layout, input_shape, output, transform, b
     return score
 
 
-def predict(data, model, *, features, output_col="prediction", batch_size=1024, output="class"):
+def predict(data, model, *, features, output_col="prediction", batch_size=1024, output="class", layer=-2):
     """Score ``data`` with ``model`` on the executors; a Spark DataFrame (lazy, like any transformation)
     with every input column plus ``output_col``.
 
@@ -177,9 +195,14 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         Name of the new column.
     batch_size : int
         Rows per forward pass.
-    output : "class", "probabilities" or "raw"
+    output : "class", "probabilities", "raw" or "features"
         Class id (long; argmax, or probability > 0.5 for one output unit), probabilities (array<float>;
-        softmax/sigmoid applied when the last layer outputs logits), or the raw outputs (array<float>).
+        softmax/sigmoid applied when the last layer outputs logits), the raw outputs (array<float>),
+        or ``layer``'s output, flattened (array<float>): the model as a feature extractor, for
+        transfer learning.
+    layer : str or int
+        With ``output="features"``: the layer's name, or its index in ``model.layers`` (default -2,
+        the one before the last).
     """
     if isinstance(model, FitResult):
         model = model.model
@@ -192,6 +215,8 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     flavor = keras_flavor(model)
     if flavor is None:
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
+    if output == "features":
+        model = feature_extractor(model, layer)
     layout = validation.layout(data.schema, features, scoring=True)
     input_shape = tuple(model.input_shape[1:])
     # No Spark job here (predict stays lazy): array lengths are checked batch by batch on the executors.

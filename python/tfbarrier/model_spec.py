@@ -38,7 +38,8 @@ def keras_flavor(model):
     return None
 
 
-def _keras_module(flavor):
+def keras_module(flavor):
+    """The module of Keras ``flavor``: keras (Keras 3) or tf_keras."""
     if flavor == "tf_keras":
         import tf_keras
 
@@ -63,7 +64,7 @@ def load_archive(archive, flavor):
         path = os.path.join(tmp, "model.keras")
         with open(path, "wb") as f:
             f.write(archive)
-        return _keras_module(flavor).models.load_model(path)
+        return keras_module(flavor).models.load_model(path)
 
 
 def weights_checksum(weights):
@@ -153,7 +154,7 @@ class ModelSpec:
         Keras as the user's), or the tf_keras model loaded from the chief's archive."""
         if self.flavor == "function":
             return load_archive(archive, "tf_keras")
-        keras = _keras_module(self.flavor)
+        keras = keras_module(self.flavor)
         model = keras.models.clone_model(original)
         model.set_weights(weights)
         model.compile_from_config(original.get_compile_config())
@@ -192,6 +193,6 @@ class ModelSpec:
         """The model in the user's Keras (Keras 3 or tf_keras) from its config, compiled as the user
         compiled it: what the chief saves for fit(save_to=) (not for a model function), built outside
         the strategy's scope."""
-        model = _keras_module(self.flavor).models.model_from_json(self.model_json)
+        model = keras_module(self.flavor).models.model_from_json(self.model_json)
         model.compile_from_config(self.compile_config)
         return model

@@ -80,3 +80,31 @@ class ProgressDisplay:
                 f"{server.host}:{server.port}; a firewall?): the job ran, but without live progress",
                 ProgressUnavailableWarning, stacklevel=4,
             )
+
+
+class SearchBar:
+    """tune's display: one bar of trials done out of all, with the best value so far; at verbose=2
+    also a line per finished trial."""
+
+    def __init__(self, total, verbose, out=None):
+        self.verbose, self.out = verbose, out or sys.stderr
+        self._bar = None
+        if verbose >= 1:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, unit="trial", file=self.out, dynamic_ncols=True, leave=True)
+
+    def trial_done(self, line, best=None):
+        """A trial ended: ``line`` says how (shown at verbose=2), ``best`` ("val_loss=0.1234") is the
+        best so far."""
+        if self._bar is None:
+            return
+        if best is not None:
+            self._bar.set_postfix_str(f"best {best}", refresh=False)
+        self._bar.update(1)
+        if self.verbose >= 2:
+            self._bar.write(line, file=self.out)
+
+    def close(self):
+        if self._bar is not None:
+            self._bar.close()

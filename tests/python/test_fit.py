@@ -1,5 +1,6 @@
 """fit() end to end on a real local[2] Spark with real TensorFlow."""
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import digits_cnn, held_out_accuracy, partitioned, training_processes
@@ -207,3 +208,19 @@ def test_save_writes_a_keras_archive_and_export_a_savedmodel_that_predict_alike(
     np.testing.assert_allclose(served.serve(x).numpy(), expected, atol=1e-5)
     with pytest.raises(tfbarrier.errors.InvalidArgumentError, match="must end in .keras"):
         two_worker_fit.save(tmp_path / "digits.h5")
+
+
+def test_frozen_base_layers_stay_bit_identical_and_the_head_trains(digits_df):
+    """Transfer learning: layers with trainable=False keep it through the Keras 3 -> tf_keras translation
+    and in every worker."""
+    model = digits_cnn()
+    for layer in model.layers[:-1]:
+        layer.trainable = False
+    model.compile(optimizer="adam", loss=model.loss, metrics=["accuracy"])  # trainable is read at compile time
+    before = [layer.get_weights() for layer in model.layers]
+    result = tfbarrier.fit(digits_df, model, features="pixels", label="digit", epochs=1, batch_size=64, verbose=0)
+    after = [layer.get_weights() for layer in result.model.layers]
+    for was, now in zip(before[:-1], after[:-1]):
+        assert all(np.array_equal(w, n) for w, n in zip(was, now))
+    assert not np.allclose(before[-1][0], after[-1][0])
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]

@@ -97,7 +97,25 @@ def test_a_fit_result_can_be_scored_directly(spark, digits_df):
     assert len(scored) == 20 and (scored["digit_hat"].to_numpy() == expected).all()
 
 
+@pytest.mark.parametrize("layer", ["conv2d", -2])
+def test_features_are_the_layers_outputs_as_a_local_truncated_model_gives(spark, model, rows, layer):
+    import keras
+
+    small = rows.iloc[:10]
+    df = partitioned(spark, small, lambda i: 2 * (i % 2), 3)  # partition 1 empty
+    scored = tfbarrier.predict(df, model, features="pixels", output="features", layer=layer, output_col="f")
+    features = np.stack(scored.toPandas().sort_values("row_id")["f"].to_numpy())
+    chosen = model.get_layer(layer) if isinstance(layer, str) else model.layers[layer]
+    truncated = keras.Model(model.inputs[0], chosen.output)  # a Sequential's .input: never called
+    x = np.stack(small["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
+    expected = truncated.predict(x, verbose=0).reshape(len(small), -1)
+    assert features.shape == expected.shape == (10, 6 * 6 * 32 if layer == "conv2d" else 64)
+    np.testing.assert_allclose(features, expected, atol=1e-5)
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
+    ({"output": "features", "layer": "nope"}, InvalidArgumentError, "the model has no layer 'nope': its layers are"),
+    ({"output": "features", "layer": 9}, InvalidArgumentError, "the model has no layer 9"),
     ({"features": "nope"}, ColumnError, "column 'nope' is not in the DataFrame"),
     ({"output_col": "digit"}, ColumnError, "output_col 'digit' must be a new column name"),
     ({"output": "labels"}, InvalidArgumentError, "output must be one of"),

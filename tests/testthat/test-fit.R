@@ -45,6 +45,16 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
                tolerance = 1e-5)
   expect_equal(tf_collect(probabilities, arrays = "list")$prediction[[2]], predict(fit, data$held_out[1:5, ], type = "probabilities")[2, ],
                tolerance = 1e-5)
+
+  # featurization: the 4th layer (Dense(64)), as a local model truncated there computes it
+  features <- tf_collect(spark_tf_predict(data$held_out[1:5, ], fit, output = "features", layer = 4,
+                                          spark = test_spark()))$prediction
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  truncated <- keras$Model(fit$model$inputs[[1]], fit$model$layers[[4]]$output)
+  expect_equal(dim(features), c(5, 64))
+  expect_equal(features, truncated$predict(pixels, verbose = 0L), tolerance = 1e-5)
+  expect_error(spark_tf_predict(data$held_out[1:5, ], fit, output = "features", layer = 0, spark = test_spark()),
+               "1-based position", class = "InvalidArgumentError")
 })
 
 test_that("a sparklyr pipeline goes through spark_tf_fit and spark_tf_predict and stays in sparklyr", {

@@ -1,0 +1,251 @@
+"""``tune``: many models at once, one ``fit`` per trial.
+
+Trials run concurrently, as many as the cluster has task slots for (``workers_per_trial`` each,
+``max_concurrent`` at most), each a fit of its own (its own barrier stage, ports, work directories)
+started from a driver thread. ``build_model`` is called on the calling thread, one trial at a time,
+so an R function passed through reticulate is only ever called where R runs. A trial that fails is
+recorded with its error; the search goes on. One progress bar covers the search.
+"""
+
+import concurrent.futures
+import dataclasses
+import datetime
+import itertools
+import math
+import random
+import time
+
+from . import cluster, validation
+from .errors import InvalidArgumentError, TrialsFailedError
+from .progress import SearchBar
+
+STATUS_OK, STATUS_FAILED = "ok", "failed"
+
+
+@dataclasses.dataclass
+class TuneResult:
+    """What ``tune`` returns.
+
+    trials:      a pandas DataFrame, one row per trial in the order of ``params``: trial, its params as
+                 columns, the final value of every metric in its history, status ("ok" or "failed"),
+                 error, seconds, started_at, finished_at
+    best_params: the params of the best trial by ``metric``
+    best:        the best trial's FitResult (``best.model``, ``best.history``...)
+    best_trial:  the best trial's number (its row in ``trials``)
+    metric, mode: how trials were ranked
+    seed:        the data seed every trial used
+    """
+
+    trials: object
+    best_params: dict
+    best: object
+    best_trial: int
+    metric: str
+    mode: str
+    seed: int
+
+    @property
+    def best_model(self):
+        return self.best.model
+
+    def plot(self, path=None):
+        """``metric`` per trial, the best one marked; saves a PNG to ``path`` when given; returns the
+        matplotlib Figure."""
+        import matplotlib.pyplot as plt
+
+        done = self.trials[self.trials["status"] == STATUS_OK]
+        figure, axis = plt.subplots(figsize=(max(4, 0.6 * len(self.trials)), 3.2))
+        axis.bar(done["trial"].astype(str), done[self.metric])
+        best = done.loc[done["trial"] == self.best_trial]
+        axis.bar(best["trial"].astype(str), best[self.metric], color="tab:orange", label="best")
+        axis.set_xlabel("trial")
+        axis.set_ylabel(self.metric)
+        axis.legend()
+        figure.tight_layout()
+        if path is not None:
+            figure.savefig(path)
+        return figure
+
+    def __repr__(self):
+        ok = int((self.trials["status"] == STATUS_OK).sum())
+        value = self.trials[self.metric].iloc[self.best_trial]
+        return (f"<TuneResult: {ok} of {len(self.trials)} trials ok; best {self.metric}={value:.4g} "
+                f"with {self.best_params}>")
+
+
+def parameter_sets(params):
+    """A list of dicts: ``params`` itself, or the grid of a dict of lists."""
+    if isinstance(params, dict):
+        names = list(params)
+        values = [v if isinstance(v, (list, tuple)) else [v] for v in params.values()]
+        params = [dict(zip(names, combination)) for combination in itertools.product(*values)]
+    if not isinstance(params, (list, tuple)) or not params or not all(isinstance(p, dict) for p in params):
+        raise InvalidArgumentError(
+            "params must be a non-empty list of dicts (one per trial), or a dict of lists (their grid), got "
+            f"{type(params).__name__}")
+    return [dict(p) for p in params]
+
+
+def _final_metrics(history):
+    """The last value of every metric in ``history`` (val_* may be None between validations)."""
+    final = {}
+    for name, values in history.items():
+        present = [v for v in values if v is not None]
+        final[name] = present[-1] if present else math.nan
+    return final
+
+
+def _better(mode):
+    return (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+
+
+def run_trials(data, build_model, params, fit, fit_kwargs, concurrency, metric, mode, verbose):
+    """Run one ``fit(data, build_model(p), **fit_kwargs)`` per p of ``params``, ``concurrency`` at a
+    time. Returns (rows of the trials table, index of the best trial or None, its FitResult)."""
+    rows = [None] * len(params)
+    better, best = _better(mode), [None, None]  # index, FitResult
+    bar = SearchBar(len(params), verbose)
+
+    def finish(index, started, result=None, error=None):
+        """Record trial ``index`` in ``rows``, keep it if it is the best so far, and show it."""
+        finished = time.time()
+        row = {"trial": index, **params[index], **(_final_metrics(result.history) if result else {}),
+               "status": STATUS_OK if error is None else STATUS_FAILED,
+               "error": None if error is None else f"{type(error).__name__}: {error}",
+               "seconds": finished - started, "started_at": datetime.datetime.fromtimestamp(started),
+               "finished_at": datetime.datetime.fromtimestamp(finished)}
+        rows[index] = row
+        value = row.get(metric)
+        if value is not None and not math.isnan(value) and (best[0] is None or better(value, rows[best[0]][metric])):
+            best[:] = index, result
+        outcome = row["error"] if error else f"{metric}={value:.4f}" if value is not None else f"no {metric}"
+        bar.trial_done(f"trial {index} {params[index]}: {outcome} ({row['seconds']:.1f} s)",
+                       None if best[0] is None else f"{metric}={rows[best[0]][metric]:.4f}")
+
+    def train(model):
+        return fit(data, model, verbose=0, **fit_kwargs)
+
+    waiting = list(range(len(params)))
+    running = {}  # future -> (trial, started)
+    pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="tfbarrier-trial")
+    try:
+        while waiting or running:
+            while waiting and len(running) < concurrency:
+                index, started = waiting.pop(0), time.time()
+                try:
+                    model = build_model(params[index])  # here, on the calling thread: R functions too
+                except Exception as error:  # a failed trial: recorded, the search goes on
+                    finish(index, started, error=error)
+                    continue
+                running[pool.submit(train, model)] = index, started
+            done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                index, started = running.pop(future)
+                error = future.exception()
+                finish(index, started, None if error else future.result(), error)
+    finally:  # also on Ctrl-C, after pyspark cancelled the running jobs: start nothing more, let them end
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
+    return rows, best[0], best[1]
+
+
+def check_arguments(data, build_model, params, metric, mode, workers_per_trial, max_concurrent, fit_kwargs, fit):
+    """(params as a list of dicts, mode as "min"/"max", concurrency), or an error before any trial."""
+    from .saving import best_mode
+
+    data = validation.spark_dataframe(data)
+    if not callable(build_model):
+        raise InvalidArgumentError(f"build_model must be a function of one dict of params, got "
+                                   f"{type(build_model).__name__}")
+    params = parameter_sets(params)
+    if not isinstance(metric, str) or not metric:
+        raise InvalidArgumentError(f"metric must be the name of a metric such as 'val_loss', got {metric!r}")
+    validates = fit_kwargs.get("validation_data") is not None or fit_kwargs.get("validation_split")
+    if metric.startswith("val_") and not validates:
+        raise InvalidArgumentError(f"metric={metric!r} is a validation metric: pass validation_data= or "
+                                   "validation_split=, or rank the trials by a training metric such as 'loss'")
+    try:
+        mode = best_mode(metric, mode)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(f"mode must be 'auto', 'min' or 'max', got {mode!r}") from None
+    workers_per_trial = validation.positive_int("workers_per_trial", workers_per_trial)
+    max_concurrent = validation.positive_int("max_concurrent", max_concurrent, allow_none=True)
+    validation.no_unknown_arguments("tune", {k: v for k, v in fit_kwargs.items()
+                                             if k not in _fit_parameters(fit)}, fit)
+    slots = cluster.check_barrier_capacity(data.sparkSession, workers_per_trial)
+    concurrency = max(1, (slots or workers_per_trial) // workers_per_trial)
+    return params, mode, min(concurrency, max_concurrent or concurrency, len(params))
+
+
+def _fit_parameters(fit):
+    import inspect
+
+    return set(inspect.signature(fit).parameters) - {"data", "model", "unknown"}
+
+
+def tune(data, build_model, params, *, features, label, validation_data=None, validation_split=None,
+         metric="val_loss", mode="auto", workers_per_trial=1, max_concurrent=None, epochs=1, batch_size=32,
+         timeout=None, seed=None, verbose=1, **fit_kwargs):
+    """Train one model per set of ``params`` on ``data``, several at once, and rank them by ``metric``.
+
+    Parameters
+    ----------
+    data : pyspark.sql.DataFrame
+        The training data, as in ``fit`` (every trial reads it: cache() it if it is costly).
+    build_model : callable
+        A function of one dict of params returning what ``fit`` takes as ``model``: a compiled Keras
+        model (Keras 3 or tf_keras), or a function of no arguments that builds one with tf.keras in the
+        workers (for custom layers). It is called on the driver, on the calling thread, once per trial.
+    params : list of dict, or dict of lists
+        One dict per trial, or a dict of lists whose grid (every combination) is the trials.
+    features, label, validation_data, validation_split, epochs, batch_size
+        As in ``fit``, the same for every trial.
+    metric : str
+        The metric trials are ranked by (its final value): "val_loss" by default, so a validation is
+        needed; any name in the trials' history.
+    mode : str
+        "min", "max", or "auto": "max" for accuracy, AUC, precision and recall, else "min".
+    workers_per_trial : int
+        ``num_workers`` of each trial's fit.
+    max_concurrent : int, optional
+        Trials running at once; by default as many as the cluster's task slots allow
+        (slots // workers_per_trial).
+    timeout : float, optional
+        Seconds each trial may take (fit's ``timeout``); a trial past it fails, the others go on.
+    seed : int, optional
+        fit's ``seed``, the same for every trial so that they differ in their params only (drawn once when
+        not given; ``TuneResult.seed``).
+    verbose : int
+        0 silent; 1 one progress bar for the search (trials done, best so far); 2 also a line per trial.
+    **fit_kwargs
+        Any other argument of ``fit`` (``callbacks``, ``shuffle``, ``sample_weight``, ``env``...).
+
+    Returns
+    -------
+    TuneResult
+        Raises TrialsFailedError when every trial failed.
+    """
+    from .api import fit
+
+    fit_kwargs.update(features=features, label=label, validation_data=validation_data,
+                      validation_split=validation_split, epochs=epochs, batch_size=batch_size, timeout=timeout,
+                      num_workers=workers_per_trial)
+    params, mode, concurrency = check_arguments(data, build_model, params, metric, mode, workers_per_trial,
+                                                max_concurrent, fit_kwargs, fit)
+    verbose = validation.verbosity(verbose)
+    fit_kwargs["seed"] = seed = random.randrange(2**31) if seed is None else int(seed)
+    rows, best_index, best = run_trials(data, build_model, params, fit, fit_kwargs, concurrency, metric, mode,
+                                        verbose)
+    import pandas as pd
+
+    trials = pd.DataFrame(rows)
+    if best is None:
+        errors = "; ".join(f"trial {row['trial']}: {row['error']}" for row in rows if row["error"])
+        if errors:
+            raise TrialsFailedError(f"every trial failed: {errors}"[:4000], trials=trials)
+        reported = sorted(set(trials.columns) - set(params[0]) - {"trial", "status", "error", "seconds",
+                                                                   "started_at", "finished_at"})
+        raise TrialsFailedError(f"no trial reported metric={metric!r}; they reported {', '.join(reported)}: "
+                                "pass one of those", trials=trials)
+    return TuneResult(trials=trials, best_params=params[best_index], best=best, best_trial=best_index, metric=metric,
+                      mode=mode, seed=seed)

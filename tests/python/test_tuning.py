@@ -1,0 +1,77 @@
+"""tune(): one fit per trial, several at once, failures recorded, the best kept."""
+
+import numpy as np
+import pytest
+from conftest import digits_cnn, held_out_accuracy, training_processes
+
+import tfbarrier
+from tfbarrier.errors import InvalidArgumentError, TrialsFailedError
+
+
+def cnn(params):
+    model = digits_cnn()
+    model.optimizer.learning_rate.assign(params["learning_rate"])
+    return model
+
+
+@pytest.fixture(scope="module")
+def search(spark, digits):
+    return tfbarrier.tune(spark.createDataFrame(digits[0]).cache(), cnn,
+                          [{"learning_rate": lr} for lr in (0.0001, 0.01, 0.003)], features="pixels",
+                          label="digit", validation_split=0.2, metric="val_accuracy", epochs=4, batch_size=64,
+                          verbose=0)
+
+
+def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search, digits):
+    trials = search.trials
+    assert len(trials) == 3 and list(trials["status"]) == ["ok"] * 3
+    assert {"trial", "learning_rate", "loss", "accuracy", "val_loss", "val_accuracy", "status", "error", "seconds",
+            "started_at", "finished_at"} <= set(trials.columns)
+    first, second = trials.iloc[0], trials.iloc[1]
+    assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"]  # overlap
+    assert search.best_trial == int(trials["val_accuracy"].idxmax())
+    assert search.best_params == {"learning_rate": trials["learning_rate"][search.best_trial]}
+    assert search.best.history["val_accuracy"][-1] == trials["val_accuracy"].max()
+    assert held_out_accuracy(search.best_model, digits[1]) >= 0.9
+    assert training_processes() == []
+
+
+def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, digits_df):
+    def build(params):
+        if params["learning_rate"] < 0:
+            raise ValueError("negative learning rate")
+        return cnn(params)
+
+    search = tfbarrier.tune(digits_df, build, {"learning_rate": [-1.0, 0.01]}, features="pixels", label="digit",
+                            metric="loss", epochs=1, batch_size=64, verbose=0)
+    trials = search.trials
+    assert list(trials["status"]) == ["failed", "ok"]
+    assert trials["error"][0] == "ValueError: negative learning rate" and trials["error"][1] is None
+    assert search.best_trial == 1 and np.isnan(trials["loss"][0])
+
+
+def test_when_every_trial_fails_tune_raises_with_each_error(digits_df):
+    def build(params):
+        raise ValueError(f"cannot build {params['units']}")
+
+    with pytest.raises(TrialsFailedError, match="trial 0: ValueError: cannot build 1; trial 1: ValueError: "
+                                                "cannot build 2") as failure:
+        tfbarrier.tune(digits_df, build, {"units": [1, 2]}, features="pixels", label="digit", metric="loss",
+                       verbose=0)
+    assert list(failure.value.trials["status"]) == ["failed", "failed"]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"params": []}, "params must be a non-empty list of dicts"),
+    ({"params": [{"a": 1}], "metric": "val_loss"}, "metric='val_loss' is a validation metric"),
+    ({"params": [{"a": 1}], "metric": "loss", "workers_per_trial": 3}, "num_workers=3 needs 3 task slots"),
+    ({"params": [{"a": 1}], "metric": "loss", "epoch": 3}, "unknown argument.*'epoch' \\(did you mean 'epochs'"),
+])
+def test_bad_arguments_are_refused_before_any_trial(digits_df, kwargs, message):
+    from tfbarrier.errors import TfBarrierError
+
+    def build(params):
+        raise AssertionError("no trial may start")
+
+    with pytest.raises(TfBarrierError, match=message):
+        tfbarrier.tune(digits_df, build, features="pixels", label="digit", verbose=0, **kwargs)
