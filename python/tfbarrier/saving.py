@@ -20,11 +20,11 @@ MANIFEST = "saved.json"
 HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall")  # in a metric's name: "auto" mode maximises it
 
 
-def best_mode(monitor, mode):
+def best_mode(monitor, mode, argument="save_mode"):
     """"min" or "max": ``mode`` itself, or for "auto" "max" when the metric's name has one of
     HIGHER_IS_BETTER (as Keras's ModelCheckpoint decides for accuracies), else "min"."""
     if mode not in ("auto", "min", "max"):
-        raise InvalidArgumentError(f"save_mode must be 'auto', 'min' or 'max', got {mode!r}")
+        raise InvalidArgumentError(f"{argument} must be 'auto', 'min' or 'max', got {mode!r}")
     if mode != "auto":
         return mode
     return "max" if any(word in monitor for word in HIGHER_IS_BETTER) else "min"

@@ -81,9 +81,74 @@ def parameter_sets(params):
         params = [dict(zip(names, combination)) for combination in itertools.product(*values)]
     if not isinstance(params, (list, tuple)) or not params or not all(isinstance(p, dict) for p in params):
         raise InvalidArgumentError(
-            "params must be a non-empty list of dicts (one per trial), or a dict of lists (their grid), got "
-            f"{type(params).__name__}")
+            "params must be a non-empty list of dicts (one per trial), a dict of lists (their grid), or an optuna "
+            f"study or sampler, got {type(params).__name__}")
     return [dict(p) for p in params]
+
+
+class GridTrials:
+    """Trials from a list of dicts: ``build_model`` gets trial i's dict."""
+
+    def __init__(self, params):
+        self.params = parameter_sets(params)
+        self.total = len(self.params)
+
+    def start(self, index):
+        return self.params[index]
+
+    def params_of(self, index):
+        return self.params[index]
+
+    def report(self, index, value):
+        pass
+
+
+class OptunaTrials:
+    """Trials asked of an optuna study: ``build_model`` gets an ``optuna.Trial`` and suggests its params
+    (``trial.suggest_float(...)``); each trial's final metric is told to the study (a failed one as
+    failed), so its sampler proposes the next ones from the results so far."""
+
+    def __init__(self, study, n_trials):
+        self.study, self.total, self.trials = study, n_trials, {}
+
+    def start(self, index):
+        self.trials[index] = self.study.ask()
+        return self.trials[index]
+
+    def params_of(self, index):
+        return dict(self.trials[index].params) if index in self.trials else {}
+
+    def report(self, index, value):
+        import optuna
+
+        if index not in self.trials:
+            return
+        if value is None or math.isnan(value):
+            self.study.tell(self.trials[index], state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(self.trials[index], value)
+
+
+def trial_source(params, n_trials, mode):
+    """GridTrials, or OptunaTrials for an optuna study or sampler (a study of direction ``mode`` is made
+    for a sampler); ``n_trials`` is for optuna only."""
+    module = type(params).__module__ or ""
+    if not module.startswith("optuna"):
+        if n_trials is not None:
+            raise InvalidArgumentError("n_trials is for an optuna study or sampler: a grid has one trial per dict")
+        return GridTrials(params)
+    import optuna
+
+    n_trials = validation.positive_int("n_trials", n_trials)
+    direction = "minimize" if mode == "min" else "maximize"
+    if isinstance(params, optuna.samplers.BaseSampler):
+        return OptunaTrials(optuna.create_study(sampler=params, direction=direction), n_trials)
+    if not isinstance(params, optuna.Study):
+        raise InvalidArgumentError(f"params: an optuna Study or sampler, got {type(params).__name__}")
+    if params.direction.name.lower() != direction:
+        raise InvalidArgumentError(f"the study's direction is {params.direction.name.lower()} but mode is {mode!r} "
+                                   f"for this metric: pass mode='{'max' if mode == 'min' else 'min'}'")
+    return OptunaTrials(params, n_trials)
 
 
 def _final_metrics(history):
@@ -99,33 +164,36 @@ def _better(mode):
     return (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
 
 
-def run_trials(data, build_model, params, fit, fit_kwargs, concurrency, metric, mode, verbose):
-    """Run one ``fit(data, build_model(p), **fit_kwargs)`` per p of ``params``, ``concurrency`` at a
-    time. Returns (rows of the trials table, index of the best trial or None, its FitResult)."""
-    rows = [None] * len(params)
+def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode, verbose):
+    """Run one ``fit(data, build_model(trials.start(i)), **fit_kwargs)`` per trial i of ``trials``
+    (GridTrials or OptunaTrials), ``concurrency`` at a time. Returns (rows of the trials table, index
+    of the best trial or None, its FitResult)."""
+    rows = [None] * trials.total
     better, best = _better(mode), [None, None]  # index, FitResult
-    bar = SearchBar(len(params), verbose)
+    bar = SearchBar(trials.total, verbose)
 
     def finish(index, started, result=None, error=None):
         """Record trial ``index`` in ``rows``, keep it if it is the best so far, and show it."""
         finished = time.time()
-        row = {"trial": index, **params[index], **(_final_metrics(result.history) if result else {}),
+        params = trials.params_of(index)
+        row = {"trial": index, **params, **(_final_metrics(result.history) if result else {}),
                "status": STATUS_OK if error is None else STATUS_FAILED,
                "error": None if error is None else f"{type(error).__name__}: {error}",
                "seconds": finished - started, "started_at": datetime.datetime.fromtimestamp(started),
                "finished_at": datetime.datetime.fromtimestamp(finished)}
         rows[index] = row
         value = row.get(metric)
+        trials.report(index, value)
         if value is not None and not math.isnan(value) and (best[0] is None or better(value, rows[best[0]][metric])):
             best[:] = index, result
         outcome = row["error"] if error else f"{metric}={value:.4f}" if value is not None else f"no {metric}"
-        bar.trial_done(f"trial {index} {params[index]}: {outcome} ({row['seconds']:.1f} s)",
+        bar.trial_done(f"trial {index} {params}: {outcome} ({row['seconds']:.1f} s)",
                        None if best[0] is None else f"{metric}={rows[best[0]][metric]:.4f}")
 
     def train(model):
         return fit(data, model, verbose=0, **fit_kwargs)
 
-    waiting = list(range(len(params)))
+    waiting = list(range(trials.total))
     running = {}  # future -> (trial, started)
     pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="tfbarrier-trial")
     try:
@@ -133,7 +201,7 @@ def run_trials(data, build_model, params, fit, fit_kwargs, concurrency, metric, 
             while waiting and len(running) < concurrency:
                 index, started = waiting.pop(0), time.time()
                 try:
-                    model = build_model(params[index])  # here, on the calling thread: R functions too
+                    model = build_model(trials.start(index))  # here, on the calling thread: R functions too
                 except Exception as error:  # a failed trial: recorded, the search goes on
                     finish(index, started, error=error)
                     continue
@@ -149,32 +217,30 @@ def run_trials(data, build_model, params, fit, fit_kwargs, concurrency, metric, 
     return rows, best[0], best[1]
 
 
-def check_arguments(data, build_model, params, metric, mode, workers_per_trial, max_concurrent, fit_kwargs, fit):
-    """(params as a list of dicts, mode as "min"/"max", concurrency), or an error before any trial."""
+def check_arguments(data, build_model, params, n_trials, metric, mode, workers_per_trial, max_concurrent, fit_kwargs,
+                    fit):
+    """(the trials, mode as "min"/"max", concurrency), or an error before any trial."""
     from .saving import best_mode
 
     data = validation.spark_dataframe(data)
     if not callable(build_model):
         raise InvalidArgumentError(f"build_model must be a function of one dict of params, got "
                                    f"{type(build_model).__name__}")
-    params = parameter_sets(params)
     if not isinstance(metric, str) or not metric:
         raise InvalidArgumentError(f"metric must be the name of a metric such as 'val_loss', got {metric!r}")
+    mode = best_mode(metric, mode, "mode")
+    trials = trial_source(params, n_trials, mode)
     validates = fit_kwargs.get("validation_data") is not None or fit_kwargs.get("validation_split")
     if metric.startswith("val_") and not validates:
         raise InvalidArgumentError(f"metric={metric!r} is a validation metric: pass validation_data= or "
                                    "validation_split=, or rank the trials by a training metric such as 'loss'")
-    try:
-        mode = best_mode(metric, mode)
-    except InvalidArgumentError:
-        raise InvalidArgumentError(f"mode must be 'auto', 'min' or 'max', got {mode!r}") from None
     workers_per_trial = validation.positive_int("workers_per_trial", workers_per_trial)
     max_concurrent = validation.positive_int("max_concurrent", max_concurrent, allow_none=True)
     validation.no_unknown_arguments("tune", {k: v for k, v in fit_kwargs.items()
                                              if k not in _fit_parameters(fit)}, fit)
     slots = cluster.check_barrier_capacity(data.sparkSession, workers_per_trial)
     concurrency = max(1, (slots or workers_per_trial) // workers_per_trial)
-    return params, mode, min(concurrency, max_concurrent or concurrency, len(params))
+    return trials, mode, min(concurrency, max_concurrent or concurrency, trials.total)
 
 
 def _fit_parameters(fit):
@@ -185,7 +251,7 @@ def _fit_parameters(fit):
 
 def tune(data, build_model, params, *, features, label, validation_data=None, validation_split=None,
          metric="val_loss", mode="auto", workers_per_trial=1, max_concurrent=None, epochs=1, batch_size=32,
-         timeout=None, seed=None, verbose=1, **fit_kwargs):
+         timeout=None, seed=None, n_trials=None, verbose=1, **fit_kwargs):
     """Train one model per set of ``params`` on ``data``, several at once, and rank them by ``metric``.
 
     Parameters
@@ -193,11 +259,16 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
     data : pyspark.sql.DataFrame
         The training data, as in ``fit`` (every trial reads it: cache() it if it is costly).
     build_model : callable
-        A function of one dict of params returning what ``fit`` takes as ``model``: a compiled Keras
-        model (Keras 3 or tf_keras), or a function of no arguments that builds one with tf.keras in the
-        workers (for custom layers). It is called on the driver, on the calling thread, once per trial.
-    params : list of dict, or dict of lists
-        One dict per trial, or a dict of lists whose grid (every combination) is the trials.
+        A function of one dict of params (an ``optuna.Trial`` with optuna) returning what ``fit`` takes as
+        ``model``: a compiled Keras model (Keras 3 or tf_keras), or a function of no arguments that builds
+        one with tf.keras in the workers (for custom layers). It is called on the driver, on the calling
+        thread, once per trial.
+    params : list of dict, dict of lists, or an optuna study or sampler
+        One dict per trial, or a dict of lists whose grid (every combination) is the trials. With the
+        ``optuna`` extra, an ``optuna.Study`` (its direction must agree with ``mode``) or a sampler
+        (``optuna.samplers.TPESampler()``...): ``n_trials`` trials are asked of it, ``build_model``
+        suggests each one's params (``trial.suggest_float("learning_rate", 1e-4, 1e-1, log=True)``) and
+        each final ``metric`` is told back, so the sampler learns from the trials so far.
     features, label, validation_data, validation_split, epochs, batch_size
         As in ``fit``, the same for every trial.
     metric : str
@@ -212,6 +283,8 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
         (slots // workers_per_trial).
     timeout : float, optional
         Seconds each trial may take (fit's ``timeout``); a trial past it fails, the others go on.
+    n_trials : int
+        With optuna: how many trials to ask for.
     seed : int, optional
         fit's ``seed``, the same for every trial so that they differ in their params only (drawn once when
         not given; ``TuneResult.seed``).
@@ -230,22 +303,22 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
     fit_kwargs.update(features=features, label=label, validation_data=validation_data,
                       validation_split=validation_split, epochs=epochs, batch_size=batch_size, timeout=timeout,
                       num_workers=workers_per_trial)
-    params, mode, concurrency = check_arguments(data, build_model, params, metric, mode, workers_per_trial,
-                                                max_concurrent, fit_kwargs, fit)
+    trials, mode, concurrency = check_arguments(data, build_model, params, n_trials, metric, mode,
+                                                workers_per_trial, max_concurrent, fit_kwargs, fit)
     verbose = validation.verbosity(verbose)
     fit_kwargs["seed"] = seed = random.randrange(2**31) if seed is None else int(seed)
-    rows, best_index, best = run_trials(data, build_model, params, fit, fit_kwargs, concurrency, metric, mode,
+    rows, best_index, best = run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode,
                                         verbose)
     import pandas as pd
 
-    trials = pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
     if best is None:
         errors = "; ".join(f"trial {row['trial']}: {row['error']}" for row in rows if row["error"])
         if errors:
-            raise TrialsFailedError(f"every trial failed: {errors}"[:4000], trials=trials)
-        reported = sorted(set(trials.columns) - set(params[0]) - {"trial", "status", "error", "seconds",
-                                                                   "started_at", "finished_at"})
+            raise TrialsFailedError(f"every trial failed: {errors}"[:4000], trials=table)
+        reported = sorted(set(table.columns) - set(trials.params_of(0)) - {"trial", "status", "error", "seconds",
+                                                                           "started_at", "finished_at"})
         raise TrialsFailedError(f"no trial reported metric={metric!r}; they reported {', '.join(reported)}: "
-                                "pass one of those", trials=trials)
-    return TuneResult(trials=trials, best_params=params[best_index], best=best, best_trial=best_index, metric=metric,
-                      mode=mode, seed=seed)
+                                "pass one of those", trials=table)
+    return TuneResult(trials=table, best_params=trials.params_of(best_index), best=best, best_trial=best_index,
+                      metric=metric, mode=mode, seed=seed)

@@ -61,11 +61,30 @@ def test_when_every_trial_fails_tune_raises_with_each_error(digits_df):
     assert list(failure.value.trials["status"]) == ["failed", "failed"]
 
 
+def test_an_optuna_study_suggests_in_build_model_and_is_told_each_trials_metric(digits_df):
+    import optuna
+
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0))
+
+    def build(trial):
+        return cnn({"learning_rate": trial.suggest_float("learning_rate", 1e-3, 1e-1, log=True)})
+
+    search = tfbarrier.tune(digits_df, build, study, n_trials=3, features="pixels", label="digit", metric="loss",
+                            epochs=1, batch_size=64, verbose=0)
+    told = study.trials
+    assert [t.state.name for t in told] == ["COMPLETE"] * 3
+    assert sorted(t.value for t in told) == sorted(search.trials["loss"])
+    assert study.best_params == search.best_params and study.best_value == search.trials["loss"].min()
+    assert list(search.trials["learning_rate"]) == [t.params["learning_rate"] for t in told]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"params": []}, "params must be a non-empty list of dicts"),
     ({"params": [{"a": 1}], "metric": "val_loss"}, "metric='val_loss' is a validation metric"),
     ({"params": [{"a": 1}], "metric": "loss", "workers_per_trial": 3}, "num_workers=3 needs 3 task slots"),
     ({"params": [{"a": 1}], "metric": "loss", "epoch": 3}, "unknown argument.*'epoch' \\(did you mean 'epochs'"),
+    ({"params": [{"a": 1}], "metric": "loss", "n_trials": 3}, "n_trials is for an optuna study"),
+    ({"params": "optuna-max", "metric": "loss", "n_trials": 3}, "the study's direction is maximize but mode is 'min'"),
 ])
 def test_bad_arguments_are_refused_before_any_trial(digits_df, kwargs, message):
     from tfbarrier.errors import TfBarrierError
@@ -73,5 +92,9 @@ def test_bad_arguments_are_refused_before_any_trial(digits_df, kwargs, message):
     def build(params):
         raise AssertionError("no trial may start")
 
+    if kwargs["params"] == "optuna-max":
+        import optuna
+
+        kwargs["params"] = optuna.create_study(direction="maximize")
     with pytest.raises(TfBarrierError, match=message):
         tfbarrier.tune(digits_df, build, features="pixels", label="digit", verbose=0, **kwargs)
