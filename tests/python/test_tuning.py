@@ -36,14 +36,17 @@ def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search
     assert training_processes() == []
 
 
-def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, digits_df):
+def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, digits_df, capsys):
     def build(params):
         if params["learning_rate"] < 0:
             raise ValueError("negative learning rate")
         return cnn(params)
 
     search = tfbarrier.tune(digits_df, build, {"learning_rate": [-1.0, 0.01]}, features="pixels", label="digit",
-                            metric="loss", epochs=1, batch_size=64, verbose=0)
+                            metric="loss", epochs=1, batch_size=64, verbose=2)
+    shown = capsys.readouterr().err
+    assert "trial 0 {'learning_rate': -1.0}: ValueError: negative learning rate" in shown
+    assert "trial 1 {'learning_rate': 0.01}: loss=" in shown and "2/2" in shown
     trials = search.trials
     assert list(trials["status"]) == ["failed", "ok"]
     assert trials["error"][0] == "ValueError: negative learning rate" and trials["error"][1] is None
