@@ -49,6 +49,8 @@ class FitJob(Job):
     save_to: str = None  # the chief saves the model there after each epoch (saving.py)
     save_best: str = None  # ... only when this metric improves
     save_mode: str = "min"  # ... "min" or "max"
+    steps_per_execution: int = None  # training steps per call into TensorFlow; None: as the model was compiled
+    communication: dict = None  # CommunicationOptions of the strategy (bytes_per_pack, timeout_seconds, implementation)
 
     @property
     def validates(self):
@@ -106,13 +108,16 @@ class FitJob(Job):
         timings = {}
         started = time.time()
         with port_clash_is_retryable():
-            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                communication_options=_communication_options(tf, self.communication))
         if self.seed is not None:
             import tf_keras
 
             tf_keras.utils.set_random_seed(self.seed)
         with strategy.scope():
             model = self.model.build()
+            if self.steps_per_execution:
+                model.steps_per_execution = self.steps_per_execution
         input_shape = tuple(model.input_shape[1:])
         _check_input(shard, input_shape)
         baseline_mb, _ = _resident_mb()
@@ -150,6 +155,7 @@ class FitJob(Job):
             timings=timings, python_prefix=sys.prefix, steps=progress.steps, checksum=weights_checksum(weights),
             memory={"baseline_mb": baseline_mb, "peak_mb": peak_mb}, first_step_at=progress.first_step_at,
             finished_at=finished_at, initial_epoch=epoch_log.initial_epoch or 0, output=output,
+            steps_per_execution=int(model.steps_per_execution.numpy()), communication=self.communication or {},
         )
 
     def _validation(self, tf, strategy, config, input_shape, training):
@@ -166,6 +172,15 @@ class FitJob(Job):
         dataset = strategy.distribute_datasets_from_function(
             shards.validation_dataset_fn(shard, input_shape, self.batch_size, steps))
         return dataset, steps
+
+
+def _communication_options(tf, communication):
+    """tf.distribute's CommunicationOptions from fit's ``communication`` dict (None: TensorFlow's defaults)."""
+    communication = dict(communication or {})
+    implementation = communication.pop("implementation", "auto").upper()
+    return tf.distribute.experimental.CommunicationOptions(
+        implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
+        **communication)
 
 
 def _history(epochs):
@@ -191,6 +206,7 @@ def _callbacks(channel, job, is_chief, validation=None):
             self.skipped = 0  # steps of the epochs a resumed run did not have to run again
             self.first_step_at = None
             self._last_sent = 0.0
+            self._before_epoch = 0  # steps run by this process before the current epoch
 
         def _send(self, **fields):
             self._last_sent = time.monotonic()
@@ -201,7 +217,9 @@ def _callbacks(channel, job, is_chief, validation=None):
             self._send(total_steps=self.params["epochs"] * self.params["steps"])
 
         def on_train_batch_end(self, batch, logs=None):
-            self.steps += 1
+            # ``batch`` is the epoch's last step run: with steps_per_execution > 1, Keras calls this once
+            # per execution, after several steps.
+            self.steps = self._before_epoch + batch + 1
             if self.first_step_at is None:
                 self.first_step_at = time.time()
             if time.monotonic() - self._last_sent >= 1.0:
@@ -211,6 +229,7 @@ def _callbacks(channel, job, is_chief, validation=None):
         def on_epoch_begin(self, epoch, logs=None):
             if self.steps == 0:
                 self.skipped = epoch * self.params["steps"]
+            self._before_epoch = self.steps
 
         def on_epoch_end(self, epoch, logs=None):
             logs = {k: float(v) for k, v in (logs or {}).items()}

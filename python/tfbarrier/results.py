@@ -18,6 +18,8 @@ class ProcessReport:
     finished_at: float = None  # ... when its work ended
     initial_epoch: int = 0  # the epoch a resumed fit started from
     gpus: str = None  # CUDA_VISIBLE_DEVICES as the process read it, before importing TensorFlow
+    steps_per_execution: int = None  # training steps per call into TensorFlow (fit)
+    communication: dict = None  # the strategy's CommunicationOptions as fit passed them ({}: TensorFlow's defaults)
     output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns
 
 
@@ -43,7 +45,7 @@ class WorkerResult(ProcessReport):
 
     PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
               "python_prefix", "warm_start", "checksum", "shard_checksum", "validation_rows", "validation_checksum",
-              "memory", "finished_at", "timings")
+              "memory", "finished_at", "steps_per_execution", "communication", "timings")
 
     @classmethod
     def of_task(cls, report, timings, **task):
@@ -76,7 +78,7 @@ class FitResult:
               process its Spark Python worker kept, TensorFlow already imported), finished_at (its
               clock when training ended), memory (its training process's resident memory in MB:
               baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
-              timings
+              steps_per_execution and communication (what its training ran with), timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,

@@ -230,6 +230,29 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
     return validation_data, validation_split, positive_int("validation_freq", validation_freq)
 
 
+COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: TensorFlow's own packing)",
+                      "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'ring' or 'nccl'"}
+
+
+def communication(options):
+    """fit's ``communication``: a dict of tf.distribute.experimental.CommunicationOptions' arguments."""
+    if options is None:
+        return None
+    if not isinstance(options, dict) or set(options) - set(COMMUNICATION_KEYS):
+        takes = "; ".join(f"{k}: {v}" for k, v in COMMUNICATION_KEYS.items())
+        raise InvalidArgumentError(f"communication must be a dict of CommunicationOptions' arguments ({takes}), "
+                                   f"got {options!r}")
+    options = dict(options)
+    if "bytes_per_pack" in options:
+        options["bytes_per_pack"] = non_negative_int("communication['bytes_per_pack']", options["bytes_per_pack"])
+    if "timeout_seconds" in options:
+        options["timeout_seconds"] = positive_seconds("communication['timeout_seconds']", options["timeout_seconds"])
+    if options.get("implementation", "auto") not in ("auto", "ring", "nccl"):
+        raise InvalidArgumentError(f"communication['implementation'] must be 'auto', 'ring' or 'nccl', got "
+                                   f"{options['implementation']!r}")
+    return options
+
+
 def save_arguments(save_to, save_best, save_mode, validates):
     """(save_to as a directory, save_best, its mode "min"/"max") for fit's saved models."""
     from .saving import best_mode

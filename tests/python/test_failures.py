@@ -47,10 +47,11 @@ def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_b
                                "retryable": False}]
 
 
-def test_a_hanging_worker_is_caught_by_the_stall_watchdog(digits_df):
+@pytest.mark.parametrize("steps_per_execution", [None, 4])
+def test_a_hanging_worker_is_caught_by_the_stall_watchdog(digits_df, steps_per_execution):
     started = time.time()
     with pytest.raises(WorkerStalledError, match="made no progress for 8 s"):
-        fit(digits_df, callbacks=faults.hang(worker=1, epoch=1), stall_timeout=8)
+        fit(digits_df, callbacks=faults.hang(worker=1, epoch=1), stall_timeout=8, steps_per_execution=steps_per_execution)
     assert time.time() - started < 90
     assert training_processes() == []
 

@@ -3,6 +3,7 @@ fixed data order, a 2-worker fit and one tf_keras process fed the same global ba
 same weights."""
 
 import numpy as np
+import pytest
 from conftest import partitioned
 
 import tfbarrier
@@ -22,12 +23,14 @@ def dense_model():
     return model
 
 
-def test_two_workers_and_one_process_end_with_the_same_weights(spark, digits):
+@pytest.mark.parametrize("speed", [{}, {"steps_per_execution": 5, "communication": {"bytes_per_pack": 1 << 16}}],
+                         ids=["defaults", "steps_per_execution_and_packing"])
+def test_two_workers_and_one_process_end_with_the_same_weights(spark, digits, speed):
     train = digits[0].iloc[: 2 * ROWS_PER_WORKER].reset_index(drop=True)
     df = partitioned(spark, train, lambda i: int(i >= ROWS_PER_WORKER), 2)  # worker 0: rows [0, 512)
     model = dense_model()
     result = tfbarrier.fit(df, model, features="pixels", label="digit", epochs=2, batch_size=GLOBAL_BATCH,
-                           num_workers=2, shuffle=False)
+                           num_workers=2, shuffle=False, **speed)
 
     # The same global batches in one process: step i takes rows [32i, 32i+32) of each worker's shard.
     x = np.stack(train["pixels"].to_numpy()).astype("float32")

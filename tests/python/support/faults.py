@@ -1,6 +1,8 @@
 """Fault injection for tests, through fit()'s documented ``callbacks=`` hook: each function here
 returns a callbacks factory; the callback acts only in the chosen worker (read from TF_CONFIG) and,
-for ``kill``, only in the first submission of the job (TFBARRIER_ATTEMPT); ``slow_steps`` in every one."""
+for ``kill``, only in the first submission of the job (TFBARRIER_ATTEMPT); ``slow_steps`` in every one.
+Faults act at the first batch end from step 2 of their epoch on (with steps_per_execution > 1, Keras
+reports batch ends every few steps)."""
 
 import json
 import os
@@ -34,7 +36,7 @@ def _note(path):
 def raise_error(worker, epoch, note):
     def factory():
         def act(current_epoch, batch):
-            if _worker_index() == worker and current_epoch == epoch and batch == 2:
+            if _worker_index() == worker and current_epoch == epoch and batch >= 2:
                 _note(note)
                 raise ValueError(f"injected failure in worker {worker} at epoch {epoch}")
 
@@ -46,7 +48,7 @@ def raise_error(worker, epoch, note):
 def hang(worker, epoch):
     def factory():
         def act(current_epoch, batch):
-            if _worker_index() == worker and current_epoch == epoch and batch == 2:
+            if _worker_index() == worker and current_epoch == epoch and batch >= 2:
                 time.sleep(3600)
 
         return [_callback(act)]
@@ -68,7 +70,7 @@ def _kill(worker, epoch, first_attempt_only):
     def factory():
         def act(current_epoch, batch):
             wanted = not first_attempt_only or os.environ.get("TFBARRIER_ATTEMPT") == "1"
-            if wanted and _worker_index() == worker and current_epoch == epoch and batch == 2:
+            if wanted and _worker_index() == worker and current_epoch == epoch and batch >= 2:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         return [_callback(act)]
