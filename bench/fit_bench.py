@@ -132,18 +132,19 @@ def barrier_by_hand(spark, job):
     return run
 
 
-def tfbarrier_fit(df, job, tf_threads=None, timings=None, steps_per_execution=1):
-    """tfbarrier.fit on ``df``; appends each run's FitResult.timings to ``timings``."""
+def tfbarrier_fit(df, job, tf_threads=None, timings=None, **fit_kwargs):
+    """tfbarrier.fit on ``df`` (``fit_kwargs``: more of fit's arguments, e.g. steps_per_execution or
+    communication); appends each run's FitResult.timings to ``timings``."""
     import keras
 
     import tfbarrier
 
     def run(clock):
-        model = workloads.build_model(keras, job.model, steps_per_execution)
+        model = workloads.build_model(keras, job.model)
         result = tfbarrier.fit(df, model, features="pixels", label="label",
                                epochs=job.epochs, batch_size=job.global_batch, num_workers=job.workers,
                                steps_per_epoch=job.steps, tf_threads=tf_threads, verbose=0,
-                               callbacks=lambda: [workloads.step_clock(clock)])
+                               callbacks=lambda: [workloads.step_clock(clock)], **fit_kwargs)
         if timings is not None:
             timings.append(result.timings)
     return run

@@ -1,7 +1,8 @@
 """What closes the gap between a 2-worker tfbarrier.fit and one TensorFlow process (the limit): the
 default (one intra-op thread per worker, as Spark gives each task one CPU), two threads per worker,
-``steps_per_execution=10``, and a 4x larger per-worker batch (against the limit at the same global
-batch). Steady samples/s (epochs 2..) of the slides' CNN, interleaved as in fit_bench.py.
+fit's ``steps_per_execution`` (10, 30), gradient packing (``communication={"bytes_per_pack": 64 MB}``),
+both, and a 4x larger per-worker batch (against the limit at the same global batch). Steady samples/s
+(epochs 2..) of the slides' CNN, interleaved as in fit_bench.py.
 
     .venv/bin/python bench/gap_bench.py [--rounds 3]
 """
@@ -12,6 +13,8 @@ import tempfile
 import fit_bench  # noqa: E402 - sets the environment Spark's workers inherit
 import harness  # noqa: E402
 import workloads  # noqa: E402
+
+PACK = 64 * 2**20  # bytes_per_pack: every gradient of the CNN in one all-reduce
 
 
 def main():
@@ -35,6 +38,13 @@ def main():
         "tfbarrier.fit, 2 x 64, tf_threads=2": (small, fit_bench.tfbarrier_fit(frames[64], small, tf_threads=2)),
         "tfbarrier.fit, 2 x 64, steps_per_execution=10": (
             small, fit_bench.tfbarrier_fit(frames[64], small, steps_per_execution=10)),
+        "tfbarrier.fit, 2 x 64, steps_per_execution=30": (
+            small, fit_bench.tfbarrier_fit(frames[64], small, steps_per_execution=30)),
+        "tfbarrier.fit, 2 x 64, bytes_per_pack=64 MB": (
+            small, fit_bench.tfbarrier_fit(frames[64], small, communication={"bytes_per_pack": PACK})),
+        "tfbarrier.fit, 2 x 64, steps_per_execution=10 and bytes_per_pack=64 MB": (
+            small, fit_bench.tfbarrier_fit(frames[64], small, steps_per_execution=10,
+                                           communication={"bytes_per_pack": PACK})),
         "single process, batch 512 (limit)": (large, fit_bench.single_process(large)),
         "tfbarrier.fit, 2 x 256": (large, fit_bench.tfbarrier_fit(frames[256], large)),
     }
