@@ -1,0 +1,190 @@
+"""Where a 2-worker step's time goes (issue 19): two MultiWorkerMirroredStrategy processes, no Spark,
+the slides' CNN at 64 rows per worker on in-memory batches, one intra-op thread each (tfbarrier's
+default on 2 cores), and worker 0's milliseconds per step for each part of a step, timed alone:
+
+- compute: forward, backward and the optimizer's update, each worker on its own gradients (no
+  collective), both workers at once;
+- all-reduce: of one float (a collective's latency), and of the gradients alone (tensors of the
+  gradients' shapes), unpacked and packed into one (``bytes_per_pack``);
+- the whole step in a tf.function of our own (compute, all-reduce, update);
+- Keras's ``fit`` on the same batches, steps_per_execution 1 and 10 (what tfbarrier runs);
+- one process alone, no strategy, the same compute at 64 rows.
+
+    .venv/bin/python bench/step_anatomy_bench.py [--steps 200] [--rounds 3]
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import harness  # noqa: E402
+
+PACK = 64 * 2**20
+BATCH = 64
+PARTS = ("compute (each worker alone, no collective)", "all-reduce of one float (a collective's latency)",
+         "all-reduce of the gradients, unpacked",
+         "all-reduce of the gradients, packed into one (bytes_per_pack=64 MB)",
+         "whole step, tf.function of our own", "Keras fit, steps_per_execution=1",
+         "Keras fit, steps_per_execution=10")
+
+
+def per_step_ms(run, steps):
+    """Milliseconds per step of ``run(steps)`` (which returns a tensor to wait for)."""
+    run(5)  # traced and warm
+    started = time.perf_counter()
+    result = run(steps)
+    if result is not None:
+        result.numpy()
+    return (time.perf_counter() - started) * 1000 / steps
+
+
+def worker(steps, rounds, out):
+    """One worker process: every part, ``rounds`` times, in the same order as its peer."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from workloads import INPUT_SHAPE, build_model
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    packed = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=PACK)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model = build_model(tf_keras, "cnn")
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32))
+    y = tf.constant(rng.integers(0, 10, BATCH))
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    variables = model.trainable_variables
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(loss_fn(y, model(x, training=True))) / (2 * BATCH)
+        return tape.gradient(loss, variables)
+
+    def looped(step):
+        @tf.function
+        def run(n):
+            for _ in tf.range(n):
+                strategy.run(step)
+        return lambda n: run(tf.constant(n))
+
+    def compute():
+        model.optimizer.apply_gradients(zip(gradients(), variables), skip_gradients_aggregation=True)
+
+    def whole():
+        model.optimizer.apply_gradients(zip(gradients(), variables))
+
+    shapes = [tf.zeros_like(v) for v in variables]
+
+    def all_reduce(options, tensors=shapes):
+        def step():
+            tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tensors, options=options)
+        return step
+
+    def keras_fit(steps_per_execution):
+        with strategy.scope():  # a model of its own: Keras fixes steps_per_execution when it first traces
+            net = build_model(tf_keras, "cnn", steps_per_execution)
+        data = strategy.distribute_datasets_from_function(
+            lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
+
+        def run(n):
+            net.fit(data, epochs=1, steps_per_epoch=n, verbose=0)
+        return run
+
+    runs = [looped(compute), looped(all_reduce(None, [tf.zeros(())])), looped(all_reduce(None)), looped(all_reduce(packed)), looped(whole),
+            keras_fit(1), keras_fit(10)]
+    times = {part: [] for part in PARTS}
+    for _ in range(rounds):
+        for part, run in zip(PARTS, runs):
+            times[part].append(per_step_ms(run, steps))
+    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+        with open(out, "w") as f:
+            json.dump(times, f)
+
+
+def alone(steps, rounds, out):
+    """One process, no strategy: the compute of one worker's step when it has the machine to itself."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from workloads import INPUT_SHAPE, build_model
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    model = build_model(tf_keras, "cnn")
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32))
+    y = tf.constant(rng.integers(0, 10, BATCH))
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def run(n):
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            model.optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                                model.trainable_variables))
+    times = [per_step_ms(lambda n: run(tf.constant(n)), steps) for _ in range(rounds)]
+    with open(out, "w") as f:
+        json.dump({"one process alone, compute at 64 rows (no strategy)": times}, f)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_processes(kind, count, steps, rounds):
+    out = tempfile.mktemp(prefix="tfbarrier-anatomy-", suffix=".json")
+    workers = [f"127.0.0.1:{free_port()}" for _ in range(count)]
+    processes = []
+    for index in range(count):
+        env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
+                                                     "task": {"type": "worker", "index": index}}))
+        processes.append(subprocess.Popen([sys.executable, __file__, "--as", kind, "--steps", str(steps),
+                                           "--rounds", str(rounds), "--out", out], env=env))
+    for process in processes:
+        if process.wait() != 0:
+            raise SystemExit(f"a {kind} process failed with exit code {process.returncode}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--as", dest="role", choices=("worker", "alone"))
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.role:
+        (worker if args.role == "worker" else alone)(args.steps, args.rounds, args.out)
+        os._exit(0)  # skip interpreter teardown: TensorFlow's collective threads can stall it
+    harness.local_spark_env()
+    harness.settle()
+    times = run_processes("alone", 1, args.steps, args.rounds)
+    harness.settle()
+    times.update(run_processes("worker", 2, args.steps, args.rounds))
+    rows = ["| part of a step | min ms | median ms | max ms |", "|---|---|---|---|"]
+    for part, values in times.items():
+        rows.append(f"| {part} | {min(values):.1f} | {statistics.median(values):.1f} | {max(values):.1f} |")
+    body = ("## Where a 2-worker step's time goes\n\n"
+            f"`.venv/bin/python bench/step_anatomy_bench.py --steps {args.steps} --rounds {args.rounds}`: two "
+            "MultiWorkerMirroredStrategy processes without Spark, the slides' CNN at 64 rows per worker on "
+            "in-memory batches, one intra-op thread each; worker 0's milliseconds per step of each part timed "
+            f"alone ({args.steps} steps in one tf.function, or one Keras fit), min / median / max over "
+            f"{args.rounds} rounds. The first row is one process on its own.\n\n" + "\n".join(rows) + "\n")
+    harness.write_section("anatomy", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
