@@ -63,12 +63,12 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 #' @param batch_size Rows per forward pass.
 #' @param spark As in [spark_tf_fit()].
 #' @return Every column of `sdf` plus `output_col` (a number, or an array column for
-#'   `"probabilities"` and `"raw"`): a `pyspark` DataFrame computed lazily; for a `tbl_spark`, a
+#'   `"probabilities"`, `"raw"` and `"features"`): a `pyspark` DataFrame computed lazily; for a `tbl_spark`, a
 #'   `tbl_spark` in the same sparklyr connection (computed when it crosses back, through the exchange
 #'   directory described in [tf_spark_dataframe()]). [tf_collect()] brings either into R.
 #' @export
 spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
-                             batch_size = 1024L, layer = NULL, spark = NULL) {
+                             batch_size = 1024L, spark = NULL, layer = NULL) {
   tbl <- sdf
   sdf <- as_spark_dataframe(sdf, spark)
   model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit

@@ -54,7 +54,7 @@ trials_frame <- function(trials) {
       return(as.POSIXct(vapply(values, function(v) v$timestamp(), numeric(1)), origin = "1970-01-01"))
     }
     unlist(lapply(values, function(v) if (is.null(v) || (is.numeric(v) && is.nan(v))) NA else v))
-  }), stringsAsFactors = FALSE)
+  }), stringsAsFactors = FALSE, check.names = FALSE)
 }
 
 #' @export

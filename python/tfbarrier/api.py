@@ -25,7 +25,8 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
-    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN."""
+    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, in one
+    shuffle (_with_validation_rows)."""
     frame = data.select(*layout.columns)
     partitions = cluster.num_partitions(frame)
     source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
@@ -43,7 +44,7 @@ def _with_validation_rows(frame, keep, validation_data, layout, num_workers, inp
     """The training rows and validation_data's in one DataFrame of ``num_workers`` partitions (one
     shuffle). Each side keeps its own partitioning when it has ``num_workers`` partitions (the
     training data's ``keep``; validation_data's may be empty or uneven: every worker validates
-    however few rows it has); otherwise its rows are spread by a hash of their values."""
+    however few rows it has); otherwise each of its partitions is dealt round-robin to the workers."""
     from pyspark.sql import functions as F
 
     held = validation_data.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
@@ -153,7 +154,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     validation_data : pyspark.sql.DataFrame, optional
         Rows to evaluate the model on after each epoch, with the training data's feature and label
         columns. Shared among the workers with the training rows (never collected; partition i to
-        worker i when it has ``num_workers`` partitions, else spread by a hash of the rows); each validation
+        worker i when it has ``num_workers`` partitions, else each partition dealt round-robin); each validation
         evaluates every row exactly once across all workers. ``val_loss`` and ``val_<metric>`` go into
         ``history``, the epoch lines and the logs callbacks see (EarlyStopping, ReduceLROnPlateau).
     validation_split : float, optional

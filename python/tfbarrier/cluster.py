@@ -119,11 +119,17 @@ def partition_keys(spark, num_partitions):
 
 def with_partition_key(df, name, keys, keep):
     """``df`` with column ``name`` holding one of ``keys`` (from partition_keys): the key of the row's
-    own partition's index (mod len(keys)) when ``keep``, else of a hash of its values."""
+    own partition's index (mod len(keys)) when ``keep``; else the rows of partition p go round-robin
+    from target p on (row i to p + i), so that every target gets an even share of a large partition,
+    and duplicates of a row are spread too. Deterministic: the same rows go to the same targets on a retry."""
     from pyspark.sql import functions as F
 
-    target = F.spark_partition_id() if keep else F.hash(*df.columns)
-    return df.withColumn(name, F.element_at(F.array(*map(F.lit, keys)), F.pmod(target, F.lit(len(keys))) + 1))
+    if keep:
+        target = F.spark_partition_id()
+    else:  # monotonically_increasing_id: the partition's index in the upper 31 bits, the row's in the lower 33
+        target = F.spark_partition_id() + F.monotonically_increasing_id().bitwiseAND(F.lit(2**33 - 1))
+    index = F.pmod(target, F.lit(len(keys))).cast("int") + 1
+    return df.withColumn(name, F.element_at(F.array(*map(F.lit, keys)), index))
 
 
 def _simple_name(java_object):
@@ -309,6 +315,14 @@ def cancel_jobs(spark, group):
         spark.interruptTag(group)
     else:
         _context(spark).cancelJobGroup(group)
+
+
+def cancel_all_jobs(spark):
+    """Cancel every running job of the session (what pyspark's own Ctrl-C handler does)."""
+    if is_connect(spark):
+        spark.interruptAll()
+    else:
+        _context(spark).cancelAllJobs()
 
 
 def wait_until_tasks_end(spark, group, timeout):

@@ -144,8 +144,8 @@ class FitJob(Job):
             if len(epoch_log.epochs) < self.epochs:  # a callback (EarlyStopping...) stopped the training
                 output["stopped_epoch"] = len(epoch_log.epochs) - 1
             if saver is not None:
-                output["saved"] = [{"epoch": e["epoch"], "path": os.path.join(self.save_to, e["file"])}
-                                   for e in saver.entries or []]
+                output["saved"] = [{"epoch": epoch, "path": os.path.join(self.save_to, name)}
+                                   for epoch, name in saver.saved()]
         if self.model.flavor == "function":
             # Every worker saves (variable reads may be collective); only the chief's archive is kept.
             archive = save_archive(model)
@@ -265,7 +265,7 @@ def _callbacks(channel, job, is_chief, validation=None):
     callbacks = [progress, epoch_log]
     saver = None
     if job.save_to:
-        saver = saving.save_callback(job.model, job.save_to, job.save_best, job.save_mode, is_chief)
+        saver = saving.save_callback(job.model, job.save_to, job.save_best, job.save_mode, is_chief, epoch_log)
         callbacks.append(saver)
     if validation is not None:
         callbacks.insert(0, evaluation.validation_callback(*validation, every=job.validation_freq))

@@ -84,7 +84,7 @@ class FitResult:
     progress: the messages the workers streamed to the driver during the fit (kind, worker,
               sent_at, received_at, ...), as shown live at verbose=1 and 2
     saved:    with save_to, one dict per model the chief saved: epoch (from 1), path; with save_best
-              the last one is the best
+              one per improvement, all of the same best.keras, which holds the last (the best)
     """
 
     model: object

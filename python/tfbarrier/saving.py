@@ -6,10 +6,11 @@ Keras model passed to fit is rebuilt in its own Keras (Keras 3 or tf_keras) from
 trained weights, since a tf_keras archive does not load in Keras 3; a model function's tf_keras model
 is saved as it is. Every completed epoch is kept (``epoch-001.keras``, ...) or, with ``save_best``, only
 the best one by that metric so far (``best.keras``). ``saved.json`` lists what was written, with each
-epoch's logs; a resumed attempt carries it on. Files are replaced atomically: a reader never sees half
-an archive.
+epoch's logs; a resumed attempt carries it on. Files are written aside and renamed into place: on a
+local or POSIX file system a reader never sees half an archive.
 """
 
+import concurrent.futures
 import json
 import os
 
@@ -30,6 +31,11 @@ def best_mode(monitor, mode, argument="save_mode"):
     return "max" if any(word in monitor for word in HIGHER_IS_BETTER) else "min"
 
 
+def better(mode):
+    """A function telling whether a metric's value improves on another in ``mode`` ("min" or "max")."""
+    return (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+
+
 def file_name(epoch, best):
     """The archive of ``epoch`` (from 0)."""
     return "best.keras" if best else f"epoch-{epoch + 1:03d}.keras"
@@ -46,19 +52,21 @@ def read_manifest(directory):
         return json.load(f)
 
 
-def save_callback(spec, directory, monitor, mode, is_chief):
+def save_callback(spec, directory, monitor, mode, is_chief, epoch_log):
     """A Keras callback saving the model after each epoch (or each improvement of ``monitor``) to
-    ``directory``. Every worker reads the weights at the same epochs, since reading variables that
-    are summed on read is a collective; only the chief writes."""
-    import concurrent.futures
-
+    ``directory``. Reading the weights may be a collective (variables summed on read), so every worker
+    reads them at the same epochs: the decision rests on the epoch's logs, the same on every worker,
+    and on a resumed attempt on the restored epochs' logs (``epoch_log``, which runs before). Only the
+    chief writes."""
     import tf_keras
 
-    better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+    improves = better(mode)
     # The chief's copy of the model in the user's Keras lives on a thread of its own: callbacks run
     # inside the strategy's scope, which is per thread, and a variable made in that scope would be a
     # collective the other workers never join.
-    keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save") if is_chief else None
+    keras_thread = None
+    if is_chief and spec.flavor != "function":
+        keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save")
     rebuilt = []
 
     def archive_in_users_keras(weights):
@@ -74,10 +82,15 @@ def save_callback(spec, directory, monitor, mode, is_chief):
             self.best = None
 
         def on_epoch_begin(self, epoch, logs=None):
-            if self.entries is None:  # the first epoch of this attempt: a resumed one keeps the saves before it
-                self.entries = [e for e in read_manifest(directory) if e["epoch"] <= epoch] if epoch else []
-                for value in (e["logs"][monitor] for e in self.entries if monitor in e["logs"]):
-                    self.best = value if self.best is None or better(value, self.best) else self.best
+            if self.entries is None:  # the first epoch of this attempt
+                self.entries = self.restored(epoch)
+                for logs in epoch_log.epochs[:epoch]:
+                    if logs.get(monitor) is not None and (self.best is None or improves(logs[monitor], self.best)):
+                        self.best = logs[monitor]
+
+        def restored(self, epoch):
+            """The saves of the epochs before ``epoch`` (a resumed attempt's), from the manifest (chief)."""
+            return [e for e in read_manifest(directory) if e["epoch"] <= epoch] if epoch and is_chief else []
 
         def on_epoch_end(self, epoch, logs=None):
             logs = {k: float(v) for k, v in (logs or {}).items()}
@@ -102,7 +115,7 @@ def save_callback(spec, directory, monitor, mode, is_chief):
                     return False  # an epoch without validation (validation_freq)
                 raise ModelError(f"save_best={monitor!r} is not among the metrics of an epoch "
                                  f"({', '.join(sorted(logs))}): pass one of them")
-            if self.best is not None and not better(value, self.best):
+            if self.best is not None and not improves(value, self.best):
                 return False
             self.best = value
             return True
@@ -112,6 +125,11 @@ def save_callback(spec, directory, monitor, mode, is_chief):
                 return save_archive(self.model)
             weights = self.model.get_weights()
             return keras_thread.submit(archive_in_users_keras, weights).result() if is_chief else None
+
+        def saved(self):
+            """(epoch, file) of every save, this attempt's and the earlier ones' (chief)."""
+            entries = self.entries if self.entries is not None else read_manifest(directory)  # no epoch left to run
+            return [(e["epoch"], e["file"]) for e in entries]
 
     return SaveModel()
 

@@ -8,16 +8,19 @@ recorded with its error; the search goes on. One progress bar covers the search.
 """
 
 import concurrent.futures
+import copy
 import dataclasses
 import datetime
 import itertools
 import math
+import os
 import random
 import time
 
 from . import cluster, validation
 from .errors import InvalidArgumentError, TrialsFailedError
 from .progress import SearchBar
+from .saving import best_mode, better
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 
@@ -94,7 +97,7 @@ class GridTrials:
         self.total = len(self.params)
 
     def start(self, index):
-        return self.params[index]
+        return copy.deepcopy(self.params[index])  # build_model may change it: the table keeps the original
 
     def params_of(self, index):
         return self.params[index]
@@ -151,6 +154,16 @@ def trial_source(params, n_trials, mode):
     return OptunaTrials(params, n_trials)
 
 
+TRIAL_DIRECTORIES = ("checkpoint_dir", "save_to", "tensorboard_dir")  # fit's, one subdirectory per trial
+
+
+def trial_directories(fit_kwargs, index):
+    """``fit_kwargs`` with each directory of TRIAL_DIRECTORIES replaced by its ``trial-<index>``
+    subdirectory: concurrent trials must not share checkpoints, saved models or logs."""
+    return {k: (os.path.join(v, f"trial-{index:03d}") if k in TRIAL_DIRECTORIES and v is not None else v)
+            for k, v in fit_kwargs.items()}
+
+
 def _final_metrics(history):
     """The last value of every metric in ``history`` (val_* may be None between validations)."""
     final = {}
@@ -160,16 +173,12 @@ def _final_metrics(history):
     return final
 
 
-def _better(mode):
-    return (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
-
-
 def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode, verbose):
     """Run one ``fit(data, build_model(trials.start(i)), **fit_kwargs)`` per trial i of ``trials``
     (GridTrials or OptunaTrials), ``concurrency`` at a time. Returns (rows of the trials table, index
     of the best trial or None, its FitResult)."""
     rows = [None] * trials.total
-    better, best = _better(mode), [None, None]  # index, FitResult
+    improves, best = better(mode), [None, None]  # index, FitResult
     bar = SearchBar(trials.total, verbose)
 
     def finish(index, started, result=None, error=None):
@@ -184,14 +193,14 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
         rows[index] = row
         value = row.get(metric)
         trials.report(index, value)
-        if value is not None and not math.isnan(value) and (best[0] is None or better(value, rows[best[0]][metric])):
+        if value is not None and not math.isnan(value) and (best[0] is None or improves(value, rows[best[0]][metric])):
             best[:] = index, result
         outcome = row["error"] if error else f"{metric}={value:.4f}" if value is not None else f"no {metric}"
         bar.trial_done(f"trial {index} {params}: {outcome} ({row['seconds']:.1f} s)",
                        None if best[0] is None else f"{metric}={rows[best[0]][metric]:.4f}")
 
-    def train(model):
-        return fit(data, model, verbose=0, **fit_kwargs)
+    def train(index, model):
+        return fit(data, model, verbose=0, **trial_directories(fit_kwargs, index))
 
     waiting = list(range(trials.total))
     running = {}  # future -> (trial, started)
@@ -205,13 +214,17 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
                 except Exception as error:  # a failed trial: recorded, the search goes on
                     finish(index, started, error=error)
                     continue
-                running[pool.submit(train, model)] = index, started
+                running[pool.submit(train, index, model)] = index, started
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
                 index, started = running.pop(future)
                 error = future.exception()
                 finish(index, started, None if error else future.result(), error)
-    finally:  # also on Ctrl-C, after pyspark cancelled the running jobs: start nothing more, let them end
+    except BaseException:  # Ctrl-C, or an error here: stop the running trials, start no more
+        if running:
+            cluster.cancel_all_jobs(data.sparkSession)
+        raise
+    finally:
         pool.shutdown(wait=True, cancel_futures=True)
         bar.close()
     return rows, best[0], best[1]
@@ -220,8 +233,6 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
 def check_arguments(data, build_model, params, n_trials, metric, mode, workers_per_trial, max_concurrent, fit_kwargs,
                     fit):
     """(the trials, mode as "min"/"max", concurrency), or an error before any trial."""
-    from .saving import best_mode
-
     data = validation.spark_dataframe(data)
     if not callable(build_model):
         raise InvalidArgumentError(f"build_model must be a function of one dict of params, got "
@@ -239,7 +250,9 @@ def check_arguments(data, build_model, params, n_trials, metric, mode, workers_p
     validation.no_unknown_arguments("tune", {k: v for k, v in fit_kwargs.items()
                                              if k not in _fit_parameters(fit)}, fit)
     slots = cluster.check_barrier_capacity(data.sparkSession, workers_per_trial)
-    concurrency = max(1, (slots or workers_per_trial) // workers_per_trial)
+    if slots is None:  # Spark Connect does not tell: max_concurrent, or one at a time
+        return trials, mode, min(max_concurrent or 1, trials.total)
+    concurrency = max(1, slots // workers_per_trial)
     return trials, mode, min(concurrency, max_concurrent or concurrency, trials.total)
 
 
@@ -280,7 +293,7 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
         ``num_workers`` of each trial's fit.
     max_concurrent : int, optional
         Trials running at once; by default as many as the cluster's task slots allow
-        (slots // workers_per_trial).
+        (slots // workers_per_trial; one under Spark Connect, which does not tell its slots).
     timeout : float, optional
         Seconds each trial may take (fit's ``timeout``); a trial past it fails, the others go on.
     n_trials : int
@@ -291,7 +304,9 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
     verbose : int
         0 silent; 1 one progress bar for the search (trials done, best so far); 2 also a line per trial.
     **fit_kwargs
-        Any other argument of ``fit`` (``callbacks``, ``shuffle``, ``sample_weight``, ``env``...).
+        Any other argument of ``fit`` (``callbacks``, ``shuffle``, ``sample_weight``, ``env``...);
+        ``checkpoint_dir``, ``save_to`` and ``tensorboard_dir`` get a subdirectory per trial (``trial-007``).
+        Ctrl-C, or an error in the search itself, cancels the session's running Spark jobs.
 
     Returns
     -------

@@ -257,6 +257,7 @@ def save_arguments(save_to, save_best, save_mode, validates):
     """(save_to as a directory, save_best, its mode "min"/"max") for fit's saved models."""
     from .saving import best_mode
 
+    best_mode("", save_mode)  # a bad save_mode is refused even without save_best
     if save_to is None:
         if save_best is not None:
             raise InvalidArgumentError(f"save_best={save_best!r} needs save_to=, the directory to save the models in")

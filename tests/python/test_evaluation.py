@@ -35,6 +35,17 @@ def test_validation_data_is_evaluated_once_per_row_like_model_evaluate(spark, di
     assert round(result.history["val_accuracy"][-1] * rows) == round(local["accuracy"] * rows)
 
 
+def test_partitions_other_than_num_workers_are_dealt_round_robin(spark, digits):
+    """A training frame of 3 partitions and validation_data in 1: each partition's rows are dealt to
+    the workers in turn, so both get an even share of each."""
+    train = spark.createDataFrame(digits[0]).repartition(3)
+    result = tfbarrier.fit(train, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                           verbose=0, validation_data=spark.createDataFrame(digits[1]).coalesce(1))
+    rows, held = ([w[key] for w in result.workers] for key in ("rows", "validation_rows"))
+    assert sum(rows) == len(digits[0]) and abs(rows[0] - rows[1]) <= 3
+    assert held == [len(digits[1]) // 2] * 2
+
+
 def written_events(result):
     """{(attempt, worker): validation checksum} from the tasks' 'partition written' events."""
     found, attempt = {}, 0

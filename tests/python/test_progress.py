@@ -137,3 +137,30 @@ def test_steps_and_progress_count_every_step_with_steps_per_execution(digits_df)
     chief = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == 0]
     assert chief[0]["total_steps"] == 20 and chief[-1]["steps"] == 20
     assert [m["steps"] for m in chief if "epoch" in m] == [10, 20]
+
+
+def batch_ends(path):
+    """A callbacks factory recording worker 0's batch-end indices in ``path``."""
+    def factory():
+        import json
+        import os
+
+        import tf_keras
+
+        class Record(tf_keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+                    with open(path, "a") as f:
+                        f.write(f"{batch}\n")
+
+        return [Record()]
+
+    return factory
+
+
+def test_fits_steps_per_execution_takes_effect(digits_df, tmp_path):
+    record = tmp_path / "batches"
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                           steps_per_epoch=10, steps_per_execution=4, verbose=0, callbacks=batch_ends(str(record)))
+    assert record.read_text().split() == ["3", "7", "9"]  # Keras ran 4, 4 and 2 steps per call
+    assert [w["steps"] for w in result.workers] == [10, 10]

@@ -92,6 +92,7 @@ def test_saved_models_outlive_a_killed_driver(tmp_path):
     ({"save_to": "DIR", "save_best": "val_loss"}, "is a validation metric: pass validation_data="),
     ({"save_to": "DIR", "save_best": 3}, "save_best must be the name of a metric"),
     ({"save_to": "DIR", "save_best": "loss", "save_mode": "lowest"}, "save_mode must be 'auto', 'min' or 'max'"),
+    ({"save_to": "DIR", "save_mode": "lowest"}, "save_mode must be 'auto', 'min' or 'max'"),
 ])
 def test_bad_save_arguments_are_refused_on_the_driver(digits_df, tmp_path, kwargs, message):
     kwargs = {k: str(tmp_path) if v == "DIR" else v for k, v in kwargs.items()}

@@ -1,5 +1,7 @@
 """tune(): one fit per trial, several at once, failures recorded, the best kept."""
 
+import os
+
 import numpy as np
 import pytest
 from conftest import digits_cnn, held_out_accuracy, training_processes
@@ -36,14 +38,14 @@ def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search
     assert training_processes() == []
 
 
-def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, digits_df, capsys):
+def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, digits_df, capsys, tmp_path):
     def build(params):
         if params["learning_rate"] < 0:
             raise ValueError("negative learning rate")
         return cnn(params)
 
     search = tfbarrier.tune(digits_df, build, {"learning_rate": [-1.0, 0.01]}, features="pixels", label="digit",
-                            metric="loss", epochs=1, batch_size=64, verbose=2)
+                            metric="loss", epochs=1, batch_size=64, verbose=2, save_to=str(tmp_path))
     shown = capsys.readouterr().err
     assert "trial 0 {'learning_rate': -1.0}: ValueError: negative learning rate" in shown
     assert "trial 1 {'learning_rate': 0.01}: loss=" in shown and "2/2" in shown
@@ -51,6 +53,8 @@ def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, 
     assert list(trials["status"]) == ["failed", "ok"]
     assert trials["error"][0] == "ValueError: negative learning rate" and trials["error"][1] is None
     assert search.best_trial == 1 and np.isnan(trials["loss"][0])
+    assert os.listdir(tmp_path) == ["trial-001"]  # each trial saves in a directory of its own
+    assert search.best.saved == [{"epoch": 1, "path": str(tmp_path / "trial-001" / "epoch-001.keras")}]
 
 
 def test_when_every_trial_fails_tune_raises_with_each_error(digits_df):
