@@ -32,11 +32,11 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
     profile = source.profile if source else validation.profile(frame, layout)
     validation.check_profile(profile, layout, num_workers, input_shape)
+    if source:
+        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
     keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
     if validation_data is not None:
         return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None
-    if source:
-        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
     return (frame if keep else frame.repartition(num_workers)), None
 
 
