@@ -57,6 +57,35 @@ def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, 
     assert search.best.saved == [{"epoch": 1, "path": str(tmp_path / "trial-001" / "epoch-001.keras")}]
 
 
+def kill_the_trial_with_learning_rate(rate):
+    """A callbacks factory killing worker 0 of the trial whose model has this learning rate."""
+    def factory():
+        import os
+        import signal
+
+        import tf_keras
+
+        class Kill(tf_keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if abs(float(self.model.optimizer.learning_rate.numpy()) - rate) < 1e-9 and batch >= 2:
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+        return [Kill()]
+
+    return factory
+
+
+def test_a_trial_whose_worker_is_killed_is_recorded_and_the_others_run(digits_df):
+    search = tfbarrier.tune(digits_df, cnn, {"learning_rate": [0.01, 0.02, 0.005]}, features="pixels",
+                            label="digit", metric="loss", epochs=1, batch_size=64, verbose=0,
+                            callbacks=kill_the_trial_with_learning_rate(0.02))
+    trials = search.trials
+    assert list(trials["status"]) == ["ok", "failed", "ok"]
+    assert trials["error"][1].startswith("WorkerError") and "killed by signal SIGKILL" in trials["error"][1]
+    assert search.best_trial in (0, 2)
+    assert training_processes() == []
+
+
 def test_when_every_trial_fails_tune_raises_with_each_error(digits_df):
     def build(params):
         raise ValueError(f"cannot build {params['units']}")
