@@ -135,7 +135,8 @@ def save_callback(spec, directory, monitor, mode, is_chief, epoch_log):
 
 
 def _write(directory, name, data):
-    """``data`` as ``directory/name``, replaced atomically (any file system tf.io.gfile reaches)."""
+    """``data`` as ``directory/name`` on any file system tf.io.gfile reaches: written aside, then renamed
+    into place (atomic on local and POSIX file systems; object stores copy)."""
     import tensorflow as tf
 
     path = os.path.join(directory, name)
