@@ -80,8 +80,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
-        sample_weight=None, class_weight=None, save_to=None, save_best=None, save_mode="auto", steps_per_execution=None,
-        communication=None, **unknown):
+        sample_weight=None, class_weight=None, save_to=None, save_best=None, save_mode="auto",
+        steps_per_execution="auto", communication=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -180,10 +180,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     save_mode : str
         "min", "max", or "auto" (default): "max" for metrics named after accuracy, AUC, precision or
         recall, "min" otherwise, as Keras's ``ModelCheckpoint``.
-    steps_per_execution : int, optional
+    steps_per_execution : "auto", int or None
         Training steps per call from Python into TensorFlow (Keras's ``steps_per_execution``): fewer round
-        trips per step; batch-level callbacks then run once per call. Default: as the model was compiled
-        (1 unless set in ``compile``). ``FitResult.workers`` reports it.
+        trips per step; batch-level callbacks then run once per call. "auto" (default): the first calls
+        run one step each and are timed, then every worker runs as many steps per call as last about half
+        a second (at most 100, at most an epoch), or what the model was compiled with if that is not 1.
+        None: as the model was compiled. ``FitResult.workers`` reports the count each worker ended with.
     communication : dict, optional
         The strategy's ``tf.distribute.experimental.CommunicationOptions``: ``bytes_per_pack`` (pack the
         gradients into all-reduces of about this size), ``timeout_seconds``, ``implementation`` ("auto",
@@ -200,7 +202,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     epochs = validation.positive_int("epochs", epochs)
     batch_size = validation.positive_int("batch_size", batch_size)
     steps_per_epoch = validation.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
-    steps_per_execution = validation.positive_int("steps_per_execution", steps_per_execution, allow_none=True)
+    steps_per_execution = validation.steps_per_execution(steps_per_execution)
     communication = validation.communication(communication)
     shuffle_buffer = validation.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True)
     tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)

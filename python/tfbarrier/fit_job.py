@@ -16,7 +16,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import evaluation, parquet_source, protocol, rendezvous, saving, shards, validation
+from . import evaluation, pacing, parquet_source, protocol, rendezvous, saving, shards, validation
 from .errors import ColumnError, InvalidArgumentError
 from .job import Job, port_clash_is_retryable
 from .model_spec import save_archive, weights_checksum
@@ -49,7 +49,7 @@ class FitJob(Job):
     save_to: str = None  # the chief saves the model there after each epoch (saving.py)
     save_best: str = None  # ... only when this metric improves
     save_mode: str = "min"  # ... "min" or "max"
-    steps_per_execution: int = None  # training steps per call into TensorFlow; None: as the model was compiled
+    steps_per_execution: object = "auto"  # steps per call into TensorFlow: "auto", n, or None (as compiled)
     communication: dict = None  # CommunicationOptions of the strategy (bytes_per_pack, timeout_seconds, implementation)
 
     @property
@@ -116,8 +116,11 @@ class FitJob(Job):
             tf_keras.utils.set_random_seed(self.seed)
         with strategy.scope():
             model = self.model.build()
-            if self.steps_per_execution:
-                model.steps_per_execution = self.steps_per_execution
+            pacer = pacing.resolve(model, self.steps_per_execution)
+        if model.distribute_reduction_method == "auto":
+            # Batch logs from the chief's replica rather than summed over workers (tf_keras's "auto" off
+            # TPUs): two all-reduces fewer per step. Epoch logs are reduced across workers either way.
+            model.distribute_reduction_method = "first"
         input_shape = tuple(model.input_shape[1:])
         _check_input(shard, input_shape)
         baseline_mb, _ = _resident_mb()
@@ -129,6 +132,8 @@ class FitJob(Job):
         validation = self._validation(tf, strategy, config, input_shape, shard)
         timings["strategy_and_model"] = time.time() - started
         progress, epoch_log, saver, callbacks = _callbacks(channel, self, is_chief=index == 0, validation=validation)
+        if pacer is not None:
+            callbacks.insert(0, pacer)
         started = time.time()
         _train(tf, model, dataset, shard, input_shape, epochs=self.epochs,
                steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)

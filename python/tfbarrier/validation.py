@@ -36,6 +36,15 @@ def positive_int(name, value, allow_none=False):
     return int(value)
 
 
+def steps_per_execution(value):
+    """fit's steps_per_execution: "auto", None (as the model was compiled) or a positive integer."""
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, str):
+        raise InvalidArgumentError(f'steps_per_execution must be "auto", None or a positive integer, got {value!r}')
+    return positive_int("steps_per_execution", value)
+
+
 def non_negative_int(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < 0:
         raise InvalidArgumentError(f"{name} must be an integer >= 0, got {value!r}")

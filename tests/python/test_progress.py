@@ -164,3 +164,58 @@ def test_fits_steps_per_execution_takes_effect(digits_df, tmp_path):
                            steps_per_epoch=10, steps_per_execution=4, verbose=0, callbacks=batch_ends(str(record)))
     assert record.read_text().split() == ["3", "7", "9"]  # Keras ran 4, 4 and 2 steps per call
     assert [w["steps"] for w in result.workers] == [10, 10]
+
+
+def slow_batch_ends(worker, seconds):
+    """A callbacks factory: ``worker``'s batch ends each take ``seconds`` longer."""
+    def factory():
+        import json
+        import os
+        import time
+
+        import tf_keras
+
+        class Slow(tf_keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == worker:
+                    time.sleep(seconds)
+
+        return [Slow()]
+
+    return factory
+
+
+def test_auto_steps_per_execution_runs_about_half_a_second_per_call(digits_df, tmp_path):
+    """fit's default steps_per_execution="auto": the calls after the first two are timed one step each,
+    then every worker runs as many steps per call as last about 0.5 s. This small model's calls take
+    milliseconds, so a whole 30-step epoch becomes one call; the steps are all counted."""
+    record = tmp_path / "batches"
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=3, batch_size=64,
+                           steps_per_epoch=30, verbose=0, callbacks=batch_ends(str(record)))
+    assert [w["steps_per_execution"] for w in result.workers] == [30, 30]
+    ends = [int(batch) for batch in record.read_text().split()]
+    # One step per call while measuring (2 calls traced, 8 timed), then the first epoch's other 20 steps in
+    # one call, and every later epoch in one call.
+    assert ends == [*range(10), 29, 29, 29]
+    assert [w["steps"] for w in result.workers] == [90, 90]
+
+
+def test_auto_steps_per_execution_follows_the_slowest_worker(digits_df, tmp_path):
+    """Worker 1's batch ends take 0.2 s longer, and the other worker waits for it at each step's
+    all-reduce: every worker adopts 0.5 / 0.2 = 2 steps per call at most, the same count everywhere
+    (workers that grouped steps differently into calls would wait for each other forever)."""
+    record = tmp_path / "batches"
+    callbacks = lambda: batch_ends(str(record))() + slow_batch_ends(1, 0.2)()  # noqa: E731
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                           steps_per_epoch=20, verbose=0, callbacks=callbacks)
+    counts = [w["steps_per_execution"] for w in result.workers]
+    assert counts[0] == counts[1] and counts[0] <= 2
+    ends = [int(batch) for batch in record.read_text().split()]
+    assert ends[-1] == 19 and len(ends) == 10 + -(-10 // counts[0])
+    assert [w["steps"] for w in result.workers] == [20, 20]
+
+
+def test_steps_per_execution_none_keeps_the_models_own(digits_df):
+    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                           steps_per_epoch=12, steps_per_execution=None, verbose=0)
+    assert [w["steps_per_execution"] for w in result.workers] == [1, 1]

@@ -32,6 +32,8 @@ def fit(df, model=None, **overrides):
     ({"epochs": 2.5}, InvalidArgumentError, "epochs must be a positive integer, got 2.5"),
     ({"batch_size": "64"}, InvalidArgumentError, "batch_size must be a positive integer"),
     ({"num_workers": -1}, InvalidArgumentError, "num_workers must be a positive integer"),
+    ({"steps_per_execution": "fast"}, InvalidArgumentError, 'steps_per_execution must be "auto", None or a positive'),
+    ({"steps_per_execution": 0}, InvalidArgumentError, "steps_per_execution must be a positive integer, got 0"),
     ({"batch_size": 5}, InvalidArgumentError, "split evenly across 2 replicas .2 workers x 0 GPUs.: use a multiple of 2"),
     ({"num_workers": 3, "batch_size": 6}, ClusterError, "needs 3 task slots at once, but the cluster has 2"),
 ])

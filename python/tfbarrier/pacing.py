@@ -1,0 +1,92 @@
+"""How many training steps each call from Python into TensorFlow runs: fit's ``steps_per_execution``.
+
+Every call into a training function costs a few milliseconds of Python (Keras's loop, the callbacks)
+during which, under MultiWorkerMirroredStrategy, the other workers wait at the next collective. On a
+small model that is a large share of a step (bench/README.md, "Where a 2-worker step's time goes"), so
+``steps_per_execution="auto"`` (fit's default) runs several steps per call: the first MEASURED_CALLS
+calls after the traced first ones run one step each and are timed; then every worker takes the same
+count, enough steps that a call lasts about TARGET_SECONDS (so progress heartbeats, the bar and the
+stall watchdog still hear from a worker a few times a second), at most MAX_STEPS and at most an epoch.
+
+The workers must agree: MultiWorkerMirroredStrategy gives each call its own collective instance key,
+so workers that group their steps differently into calls wait forever for each other. They exchange
+their timings in one all-reduce, where each worker fills only its own slot (adding zeros is exact), and
+all decide from the same numbers.
+"""
+
+import time
+
+TARGET_SECONDS = 0.5  # how long one call should last
+MAX_STEPS = 100  # beyond this a call saves nothing more (the per-call overhead is already amortized)
+WARMUP_CALLS = 2  # the first calls trace the training function
+MEASURED_CALLS = 8
+
+
+def count_for(step_seconds, steps_per_epoch):
+    """The steps per call for the slowest worker's ``step_seconds`` (one step per call)."""
+    return max(1, min(MAX_STEPS, steps_per_epoch, int(TARGET_SECONDS / max(step_seconds, 1e-6))))
+
+
+def resolve(model, steps_per_execution):
+    """Set the model's steps per call before ``fit`` from fit's argument, and return the callback that
+    tunes it ("auto" on a model compiled with Keras's default of 1), else None. ``None`` keeps what the
+    model was compiled with; a number fixes it."""
+    if steps_per_execution is None:
+        return None
+    if steps_per_execution != "auto":
+        model.steps_per_execution = steps_per_execution
+        return None
+    if int(model.steps_per_execution.numpy()) != 1:  # the user's own compile(steps_per_execution=n)
+        return None
+    # Keras builds a one-step training function when the count is 1 as fit starts, which a later count
+    # would not change: start above 1 for the looping function, then run one step per call to measure.
+    model.steps_per_execution = 2
+    return auto_callback()
+
+
+def auto_callback():
+    """The Keras callback that measures the first calls and sets the agreed count (see the module)."""
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    class AutoStepsPerExecution(tf_keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.calls, self.durations, self._last_end = 0, [], None
+            self.decided = None  # (steps per call, the slowest worker's seconds per call of one step)
+
+        def on_train_begin(self, logs=None):
+            if self.decided is None:
+                self.model.steps_per_execution = 1
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._last_end = None  # a call is timed from the previous batch end of its own epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.decided is not None:
+                return
+            now, self.calls = time.perf_counter(), self.calls + 1
+            if self._last_end is not None and self.calls > WARMUP_CALLS:
+                self.durations.append(now - self._last_end)  # the call, and every callback's batch hooks
+            self._last_end = now
+            if len(self.durations) == MEASURED_CALLS:  # at the same call on every worker
+                slowest = max(self._everyones(float(np.median(self.durations))))
+                count = count_for(slowest, self.params["steps"] or MAX_STEPS)
+                self.model.steps_per_execution = count
+                self.decided = (count, slowest)
+
+        def _everyones(self, seconds):
+            """Every replica's ``seconds``, the same list on each worker (one all-reduce, see the module)."""
+            strategy = self.model.distribute_strategy
+            replicas = strategy.num_replicas_in_sync
+
+            def mine():
+                context = tf.distribute.get_replica_context()
+                slot = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float32) * seconds
+                return context.all_reduce(tf.distribute.ReduceOp.SUM, slot)
+
+            everyone = tf.function(lambda: strategy.run(mine))()
+            return strategy.experimental_local_results(everyone)[0].numpy().tolist()
+
+    return AutoStepsPerExecution()
