@@ -132,9 +132,10 @@ def barrier_by_hand(spark, job):
     return run
 
 
-def tfbarrier_fit(df, job, tf_threads=None, timings=None, **fit_kwargs):
+def tfbarrier_fit(df, job, tf_threads=None, timings=None, counts=None, **fit_kwargs):
     """tfbarrier.fit on ``df`` (``fit_kwargs``: more of fit's arguments, e.g. steps_per_execution or
-    communication); appends each run's FitResult.timings to ``timings``."""
+    communication); appends each run's FitResult.timings to ``timings``, and the steps per call its
+    workers ended with to ``counts``."""
     import keras
 
     import tfbarrier
@@ -147,6 +148,8 @@ def tfbarrier_fit(df, job, tf_threads=None, timings=None, **fit_kwargs):
                                callbacks=lambda: [workloads.step_clock(clock)], **fit_kwargs)
         if timings is not None:
             timings.append(result.timings)
+        if counts is not None:
+            counts.append([worker["steps_per_execution"] for worker in result.workers])
     return run
 
 

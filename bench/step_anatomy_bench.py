@@ -7,7 +7,11 @@ default on 2 cores), and worker 0's milliseconds per step for each part of a ste
 - all-reduce: of one float (a collective's latency), and of the gradients alone (tensors of the
   gradients' shapes), unpacked and packed into one (``bytes_per_pack``);
 - the whole step in a tf.function of our own (compute, all-reduce, update);
-- Keras's ``fit`` on the same batches, steps_per_execution 1 and 10 (what tfbarrier runs);
+- Keras's ``fit`` on the same batches: steps_per_execution 1, 10 and 30, and with batch logs taken from
+  the first replica (``distribute_reduction_method="first"``) rather than summed across workers (tf_keras's
+  default): tfbarrier's default is "first" with about 30 steps per call on this model. Timed from the
+  epoch's start to its end: ``fit`` returns seconds later, when its data iterator is deleted and waits
+  for a tf.data background thread, which is not a step's cost;
 - one process alone, no strategy, the same compute at 64 rows.
 
     .venv/bin/python bench/step_anatomy_bench.py [--steps 200] [--rounds 3]
@@ -30,15 +34,19 @@ BATCH = 64
 PARTS = ("compute (each worker alone, no collective)", "all-reduce of one float (a collective's latency)",
          "all-reduce of the gradients, unpacked",
          "all-reduce of the gradients, packed into one (bytes_per_pack=64 MB)",
-         "whole step, tf.function of our own", "Keras fit, steps_per_execution=1",
-         "Keras fit, steps_per_execution=10")
+         "whole step, tf.function of our own", "Keras fit, steps_per_execution=1 (tf_keras's default)",
+         "Keras fit, steps_per_execution=1, batch logs from the first replica",
+         "Keras fit, steps_per_execution=10", "Keras fit, steps_per_execution=30",
+         "Keras fit, steps_per_execution=30, batch logs from the first replica (tfbarrier's default)")
 
 
 def per_step_ms(run, steps):
-    """Milliseconds per step of ``run(steps)`` (which returns a tensor to wait for)."""
+    """Milliseconds per step of ``run(steps)``, which returns a tensor to wait for, or the seconds it took."""
     run(5)  # traced and warm
     started = time.perf_counter()
     result = run(steps)
+    if isinstance(result, float):
+        return result * 1000 / steps
     if result is not None:
         result.numpy()
     return (time.perf_counter() - started) * 1000 / steps
@@ -88,18 +96,29 @@ def worker(steps, rounds, out):
             tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tensors, options=options)
         return step
 
-    def keras_fit(steps_per_execution):
+    class EpochClock(tf_keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.began = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds = time.perf_counter() - self.began
+
+    def keras_fit(steps_per_execution, reduction="auto"):
         with strategy.scope():  # a model of its own: Keras fixes steps_per_execution when it first traces
             net = build_model(tf_keras, "cnn", steps_per_execution)
+        net.distribute_reduction_method = reduction
         data = strategy.distribute_datasets_from_function(
             lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
 
         def run(n):
-            net.fit(data, epochs=1, steps_per_epoch=n, verbose=0)
+            clock = EpochClock()
+            net.fit(data, epochs=1, steps_per_epoch=n, verbose=0, callbacks=[clock])
+            return clock.seconds
         return run
 
-    runs = [looped(compute), looped(all_reduce(None, [tf.zeros(())])), looped(all_reduce(None)), looped(all_reduce(packed)), looped(whole),
-            keras_fit(1), keras_fit(10)]
+    runs = [looped(compute), looped(all_reduce(None, [tf.zeros(())])), looped(all_reduce(None)),
+            looped(all_reduce(packed)), looped(whole), keras_fit(1), keras_fit(1, "first"), keras_fit(10),
+            keras_fit(30), keras_fit(30, "first")]
     times = {part: [] for part in PARTS}
     for _ in range(rounds):
         for part, run in zip(PARTS, runs):
@@ -180,7 +199,7 @@ def main():
             f"`.venv/bin/python bench/step_anatomy_bench.py --steps {args.steps} --rounds {args.rounds}`: two "
             "MultiWorkerMirroredStrategy processes without Spark, the slides' CNN at 64 rows per worker on "
             "in-memory batches, one intra-op thread each; worker 0's milliseconds per step of each part timed "
-            f"alone ({args.steps} steps in one tf.function, or one Keras fit), min / median / max over "
+            f"alone ({args.steps} steps in one tf.function, or one Keras fit's epoch), min / median / max over "
             f"{args.rounds} rounds. The first row is one process on its own.\n\n" + "\n".join(rows) + "\n")
     harness.write_section("anatomy", body)
     print(body)
