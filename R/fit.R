@@ -21,7 +21,11 @@
 #'   after every epoch as a `.keras` archive, `epoch-001.keras`..., listed in `saved`), `save_best` (a
 #'   metric such as `"val_loss"`: only its best epoch, as `best.keras`), `save_mode`, `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
 #'   `callbacks`, `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
-#'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, and `env` (a [tf_env()]).
+#'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, `env` (a [tf_env()]),
+#'   `steps_per_execution` (training steps per call into TensorFlow: `"auto"` by default, which times
+#'   the first calls and then runs about half a second of steps per call; a number fixes it; `NULL`
+#'   keeps the model's own) and `communication` (a named list: `bytes_per_pack`, `timeout_seconds`,
+#'   `implementation`).
 #' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...
 #'   in the history), with the same feature and label columns: converted like `sdf`. Each validation
 #'   evaluates every row exactly once across the workers.

@@ -118,8 +118,8 @@ class FitJob(Job):
             model = self.model.build()
             pacer = pacing.resolve(model, self.steps_per_execution)
         if model.distribute_reduction_method == "auto":
-            # Batch logs from the chief's replica rather than summed over workers (tf_keras's "auto" off
-            # TPUs): two all-reduces fewer per step. Epoch logs are reduced across workers either way.
+            # A step's metric results are already reduced across workers (tf_keras reads them in a
+            # merge_call); "auto" would add up every replica's identical copy, at two all-reduces per step.
             model.distribute_reduction_method = "first"
         input_shape = tuple(model.input_shape[1:])
         _check_input(shard, input_shape)
