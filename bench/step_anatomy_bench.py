@@ -9,7 +9,8 @@ default on 2 cores), and worker 0's milliseconds per step for each part of a ste
 - the whole step in a tf.function of our own (compute, all-reduce, update);
 - Keras's ``fit`` on the same batches: steps_per_execution 1, 10 and 30, and with batch logs taken from
   the first replica (``distribute_reduction_method="first"``) rather than summed across workers (tf_keras's
-  default): tfbarrier's default is "first" with about 30 steps per call on this model. Timed from the
+  default): tfbarrier's default is "first" with about 30 steps per call on this model; and that without
+  the accuracy metric, which every step reads across workers (tf_keras's ``result_wrapper``). Timed from the
   epoch's start to its end: ``fit`` returns seconds later, when its data iterator is deleted and waits
   for a tf.data background thread, which is not a step's cost;
 - one process alone, no strategy, the same compute at 64 rows.
@@ -37,7 +38,8 @@ PARTS = ("compute (each worker alone, no collective)", "all-reduce of one float 
          "whole step, tf.function of our own", "Keras fit, steps_per_execution=1 (tf_keras's default)",
          "Keras fit, steps_per_execution=1, batch logs from the first replica",
          "Keras fit, steps_per_execution=10", "Keras fit, steps_per_execution=30",
-         "Keras fit, steps_per_execution=30, batch logs from the first replica (tfbarrier's default)")
+         "Keras fit, steps_per_execution=30, batch logs from the first replica (tfbarrier's default)",
+         "... the same, compiled without metrics=[\"accuracy\"]")
 
 
 def per_step_ms(run, steps):
@@ -103,9 +105,11 @@ def worker(steps, rounds, out):
         def on_epoch_end(self, epoch, logs=None):
             self.seconds = time.perf_counter() - self.began
 
-    def keras_fit(steps_per_execution, reduction="auto"):
+    def keras_fit(steps_per_execution, reduction="auto", metrics=True):
         with strategy.scope():  # a model of its own: Keras fixes steps_per_execution when it first traces
             net = build_model(tf_keras, "cnn", steps_per_execution)
+            if not metrics:  # each step reads its metrics across workers (tf_keras's result_wrapper)
+                net.compile(optimizer=net.optimizer, loss=net.loss, steps_per_execution=steps_per_execution)
         net.distribute_reduction_method = reduction
         data = strategy.distribute_datasets_from_function(
             lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
@@ -118,7 +122,7 @@ def worker(steps, rounds, out):
 
     runs = [looped(compute), looped(all_reduce(None, [tf.zeros(())])), looped(all_reduce(None)),
             looped(all_reduce(packed)), looped(whole), keras_fit(1), keras_fit(1, "first"), keras_fit(10),
-            keras_fit(30), keras_fit(30, "first")]
+            keras_fit(30), keras_fit(30, "first"), keras_fit(30, "first", metrics=False)]
     times = {part: [] for part in PARTS}
     for _ in range(rounds):
         for part, run in zip(PARTS, runs):
