@@ -38,9 +38,6 @@ def resolve(model, steps_per_execution):
         return None
     if int(model.steps_per_execution.numpy()) != 1:  # the user's own compile(steps_per_execution=n)
         return None
-    # Keras builds a one-step training function when the count is 1 as fit starts, which a later count
-    # would not change: start above 1 for the looping function, then run one step per call to measure.
-    model.steps_per_execution = 2
     return auto_callback()
 
 
@@ -56,10 +53,6 @@ def auto_callback():
             self.calls, self.durations, self._last_end = 0, [], None
             self.decided = None  # (steps per call, the slowest worker's seconds per call of one step)
 
-        def on_train_begin(self, logs=None):
-            if self.decided is None:
-                self.model.steps_per_execution = 1
-
         def on_epoch_begin(self, epoch, logs=None):
             self._last_end = None  # a call is timed from the previous batch end of its own epoch
 
@@ -73,7 +66,12 @@ def auto_callback():
             if len(self.durations) == MEASURED_CALLS:  # at the same call on every worker
                 slowest = max(self._everyones(float(np.median(self.durations))))
                 count = count_for(slowest, self.params["steps"] or MAX_STEPS)
-                self.model.steps_per_execution = count
+                if count > 1:
+                    # Keras built a one-step training function (the count was 1 as fit started); fit
+                    # looks its training function up on every call, so the looping one takes over here,
+                    # traced only by fits that run this long.
+                    self.model.steps_per_execution = count
+                    self.model.make_train_function(force=True)
                 self.decided = (count, slowest)
 
         def _everyones(self, seconds):
