@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 
 import cloudpickle
@@ -135,8 +136,11 @@ class FitJob(Job):
         if pacer is not None:
             callbacks.insert(0, pacer)
         started = time.time()
-        _train(tf, model, dataset, shard, input_shape, epochs=self.epochs,
-               steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
+        try:
+            _train(tf, model, dataset, shard, input_shape, epochs=self.epochs,
+                   steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
+        finally:
+            progress.stop_keeping_alive()
         timings["training"] = time.time() - started
         if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
             timings["first_step"] = progress.first_step_at - started
@@ -239,6 +243,24 @@ def _callbacks(channel, job, is_chief, validation=None):
         def on_epoch_end(self, epoch, logs=None):
             logs = {k: float(v) for k, v in (logs or {}).items()}
             self._send(epoch=epoch, logs=logs, loss=logs.get("loss"))  # the bar ends the epoch on its loss
+
+        def on_train_end(self, logs=None):
+            # fit returns only once its data iterator is deleted, which can wait many seconds for a tf.data
+            # thread (longer the longer the fit ran): the last step is done, so tell the watchdog meanwhile.
+            self._done = threading.Event()
+            self._keeper = threading.Thread(target=self._keep_alive, daemon=True, name="tfbarrier-keep-alive")
+            self._keeper.start()
+
+        def _keep_alive(self):
+            while not self._done.wait(1.0):
+                self._send()
+
+        def stop_keeping_alive(self):
+            """After fit: the process's own messages follow (a channel has one writer at a time)."""
+            keeper = getattr(self, "_keeper", None)
+            if keeper is not None:
+                self._done.set()
+                keeper.join()
 
     class EpochLog(tf_keras.callbacks.Callback):
         """Per-epoch logs across resumed attempts. The chief keeps them in the checkpoint directory

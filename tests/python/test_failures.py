@@ -72,6 +72,17 @@ def test_a_slow_but_healthy_fit_outlives_a_short_stall_timeout(digits_df):
     assert result.timings["training"] > 3 * 8
 
 
+def test_the_stall_watchdog_waits_out_the_end_of_a_fit(digits_df):
+    """After the last step, fit can take longer than stall_timeout to return: tf_keras deletes its data
+    iterator, which waits for a tf.data thread, seconds and longer the longer the fit ran (it made the
+    test above fail now and then: worker 1 finished, worker 0 was declared stalled). A callback slow at
+    the end of training stands in for that wait."""
+    result = fit(digits_df, epochs=1, steps_per_epoch=4, callbacks=faults.slow_train_end(12), stall_timeout=8,
+                 verbose=0)
+    assert [w["steps"] for w in result.workers] == [4, 4]
+    assert result.timings["training"] > 12
+
+
 def test_timeout_cancels_the_whole_fit(digits_df):
     started = time.time()
     with pytest.raises(JobTimeoutError, match="ran past its timeout of 30 s"):

@@ -66,6 +66,22 @@ def slow_steps(seconds):
     return factory
 
 
+def slow_train_end(seconds):
+    """Every worker's fit takes ``seconds`` to return after its last step, as when tf_keras's deletion of
+    its data iterator waits for a tf.data thread."""
+
+    def factory():
+        import tf_keras
+
+        class SlowEnd(tf_keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                time.sleep(seconds)
+
+        return [SlowEnd()]
+
+    return factory
+
+
 def _kill(worker, epoch, first_attempt_only):
     def factory():
         def act(current_epoch, batch):
