@@ -11,7 +11,14 @@ import time
 import warnings
 
 from .errors import ClusterError
-from .settings import DIRECT_PARQUET_CONF, ENCRYPTION_CONFS, SLOT_WAIT, WARM_START_CONF
+from .settings import (
+    DIRECT_PARQUET_CONF,
+    ENCRYPTION_CONFS,
+    SLOT_WAIT,
+    SPARE_IDLE_CONF,
+    SPARE_IDLE_TIMEOUT,
+    WARM_START_CONF,
+)
 
 
 def is_connect(spark):
@@ -58,8 +65,19 @@ def task_slots(spark):
 
 
 def warm_start(spark):
-    """spark.tfbarrier.warmStart (default true): whether tasks keep a spare training process (spares.py)."""
-    return str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() != "false"
+    """How long the spare training process a task leaves waits for the next task (spares.py):
+    spark.tfbarrier.spareIdleTimeout seconds (600), or 0 when spark.tfbarrier.warmStart is false."""
+    if str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() == "false":
+        return 0.0
+    value = spark.conf.get(SPARE_IDLE_CONF, None)
+    try:
+        seconds = SPARE_IDLE_TIMEOUT if value is None else float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ClusterError(f"{SPARE_IDLE_CONF} must be a number of seconds above 0, got {value!r}; "
+                           f"to turn spares off, set {WARM_START_CONF}=false")
+    return seconds
 
 
 def _local_path(uri):

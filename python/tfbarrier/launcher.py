@@ -48,30 +48,46 @@ def log_tail(workdir, lines=LOG_TAIL_LINES):
     return "\n".join(text.splitlines()[-lines:])
 
 
+def importable_home(prefix, env):
+    """A new directory holding only a link to this tfbarrier package, and ``env`` with it first on
+    PYTHONPATH: a process started there imports tfbarrier from wherever this one did, and nothing else
+    from that place."""
+    home = tempfile.mkdtemp(prefix=prefix)
+    os.symlink(os.path.dirname(os.path.abspath(__file__)), os.path.join(home, "tfbarrier"))
+    return home, dict(env, PYTHONPATH=os.pathsep.join(p for p in (home, env.get("PYTHONPATH")) if p))
+
+
 class TrainingProcess:
     """``python -m tfbarrier.training_process FD`` started in ``env``. It imports TensorFlow at once, then waits
     for the job ``adopt`` sends it, so it can be started ahead of its task (a spare, see spares.py).
     Use it as a context manager so that it is stopped whatever happens in the task."""
 
     def __init__(self, env, python=None):
-        self.workdir = None  # the task's work directory, from adopt() on
-        self.worker_index = self.host = None
-        # The process imports tfbarrier from wherever this task imported it, and nothing else from
-        # there: a directory holding only a link to the package goes first on its path. Its output
-        # goes to that directory's log until a task adopts it.
-        self.home = tempfile.mkdtemp(prefix="tfbarrier-process-")
-        os.symlink(os.path.dirname(os.path.abspath(__file__)), os.path.join(self.home, "tfbarrier"))
-        env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (self.home, env.get("PYTHONPATH")) if p))
+        # Its output goes to the log in its home until a task adopts it.
+        self.home, env = importable_home("tfbarrier-process-", env)
         ours, theirs = socket.socketpair()
         with open(os.path.join(self.home, LOG_FILE), "wb") as log:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [python or sys.executable, "-m", "tfbarrier.training_process", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
             )
         theirs.close()
-        self.pid = self._proc.pid
-        self.channel = protocol.Channel(ours)
+        self._attach(proc, protocol.Channel(ours))
+
+    @classmethod
+    def taken_over(cls, proc, channel, home):
+        """A process another one started (a spare's keeper, spares.py): ``proc`` its Popen-like handle,
+        ``channel`` to the process, ``home`` its directory."""
+        process = cls.__new__(cls)
+        process.home = home
+        process._attach(proc, channel)
+        return process
+
+    def _attach(self, proc, channel):
+        self._proc, self.pid, self.channel = proc, proc.pid, channel
+        self.workdir = None  # the task's work directory, from adopt() on
+        self.worker_index = self.host = None
 
     def log_tail(self):
         """The end of the process's output: in the task's work directory once it moved there."""
@@ -79,6 +95,14 @@ class TrainingProcess:
 
     def alive(self):
         return self._proc.poll() is None
+
+    def wait(self):
+        """The exit status, once the process has exited (minus the signal that killed it)."""
+        return self._proc.wait()
+
+    def send_signal(self, number):
+        if self._proc.poll() is None:
+            self._proc.send_signal(number)
 
     def adopt(self, workdir, env, worker_index, host):
         """Hand the process its task: the work directory holding the job (its output moves to the

@@ -71,6 +71,9 @@ class Channel:
             if message.get("event") == event:
                 return message
 
+    def fileno(self):
+        return self._sock.fileno()
+
     def close(self):
         self._sock.close()
 

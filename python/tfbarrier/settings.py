@@ -8,6 +8,7 @@ settings) are read where they are checked, in cluster.py and gpus.py.
 
 # ---- Spark settings a user can set (spark.conf) --------------------------------------------------
 WARM_START_CONF = "spark.tfbarrier.warmStart"  # false: no spare training processes (spares.py)
+SPARE_IDLE_CONF = "spark.tfbarrier.spareIdleTimeout"  # seconds an unused spare waits before it exits
 DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"  # false: Parquet goes through Spark (parquet_source.py)
 ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: jobs need allow_unencrypted
 
@@ -28,6 +29,8 @@ TASK_ENV = (TF_CONFIG_ENV, GPUS_ENV, ATTEMPT_ENV)
 # ---- timeouts, seconds ---------------------------------------------------------------------------
 STALL_TIMEOUT = 300.0  # fit()'s default: a training process silent this long is declared stuck
 STARTUP_TIMEOUT = 300  # for a training process to import TensorFlow and report its port
+SPARE_IDLE_TIMEOUT = 600.0  # spark.tfbarrier.spareIdleTimeout's default
+SPARE_HANDOVER = 5.0  # for a spare's keeper to hand its process to the task that connected
 EXIT_GRACE = 30  # for a finished training process to exit before it is killed
 STOP_GRACE = 5.0  # for a stopped training process to exit after SIGTERM, before SIGKILL
 CANCEL_GRACE = 60  # for an interrupted Spark job's tasks to wind down

@@ -53,7 +53,7 @@ def _written_event(written):
 
 def _training_process(job, python, env):
     """This worker's spare when it matches (TensorFlow already imported), else a fresh process."""
-    spare = spares.take(spares.key(python, env)) if job.warm_start else None
+    spare = spares.take(python, env) if job.warm_start else None
     return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
 
@@ -98,7 +98,7 @@ def _run(job, context, batches, workdir, link):
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
         process.stop(grace=settings.EXIT_GRACE)
     if job.warm_start:
-        spares.leave(python, env)
+        spares.leave(python, env, idle_timeout=job.warm_start)
     return WorkerResult.of_task(
         report, timings, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
         rows=written["rows"], shard_checksum=written["checksum"], steps_per_epoch=agreed.get("steps_per_epoch"),

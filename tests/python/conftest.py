@@ -45,15 +45,15 @@ def _is_spare(pid):
         return False
 
 
-def training_processes(spares=False, tag=None):
+def training_processes(spares=False, tag=None, module="tfbarrier.training_process"):
     """PIDs of this test session's (or the session ``tag``'s) live training processes; idle spares
-    (spares.py) only if asked."""
+    (spares.py) only if asked. ``module="tfbarrier.spares"``: the spares' keepers."""
     import psutil
 
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if ("tfbarrier.training_process" in " ".join(proc.info["cmdline"] or [])
+            if (module in " ".join(proc.info["cmdline"] or [])
                     and proc.status() != psutil.STATUS_ZOMBIE
                     and (spares or not _is_spare(proc.pid))
                     and proc.environ().get("TFBARRIER_TEST_SESSION") == (tag or SESSION_TAG)):

@@ -1,26 +1,33 @@
 """Warm start (spares.py): a task leaves a spare training process that has imported TensorFlow, the
-next task on that Spark Python worker trains in it, and no spare outlives Spark."""
+next task on that executor trains in it, even after Spark retired the Python worker that left it, and
+no spare outlives its idle timeout or Spark."""
 
 import time
 
 from conftest import run_driver, training_processes
 
 
-def test_spares_serve_the_next_fit_and_die_with_spark():
+def test_spares_outlive_python_workers_serve_the_next_fit_and_die_with_spark():
     report = run_driver("spares_fit.py")
-    first, second, off = report["fits"]
+    first, second, timed_out, off, last = report["fits"]
     assert first["warm"] == [False, False]
-    assert second["warm"] == [True, True]
+    assert second["warm"] == [True, True]  # although the Python workers that left them are gone
+    assert timed_out["warm"] == [True, True] and timed_out["spares"] == []  # left with a 2 s idle timeout
     assert off["warm"] == [False, False]  # spark.tfbarrier.warmStart=false
+    assert last["warm"] == [False, False]
     for fit in report["fits"]:
         assert fit["checksums"][0] == fit["checksums"][1]  # the replicas stayed in sync
         assert fit["busy"] == []  # every process that trained has exited
-    assert len(first["spares"]) == 2  # one per Python worker
+    assert len(first["spares"]) == 2  # one per task
     assert len(second["spares"]) == 2 and not set(second["spares"]) & set(first["spares"])  # used, replaced
-    assert off["spares"] == second["spares"]  # none taken, none left
+    assert off["spares"] == [] and len(last["spares"]) == 2  # none left with warm start off
+    assert len(report["keepers"]) == 2
     # A fresh process imports TensorFlow after its task sent the job; a spare had done it before.
     assert min(first["tensorflow_import"]) > max(second["tensorflow_import"])
     deadline = time.monotonic() + 30
-    while training_processes(spares=True, tag=report["tag"]) and time.monotonic() < deadline:
+    tag = report["tag"]
+    while (training_processes(spares=True, tag=tag) or training_processes(tag=tag, module="tfbarrier.spares")) \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert training_processes(spares=True, tag=report["tag"]) == []
+    assert training_processes(spares=True, tag=tag) == []
+    assert training_processes(tag=tag, module="tfbarrier.spares") == []

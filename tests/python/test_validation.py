@@ -54,6 +54,17 @@ def test_bad_data_is_refused_before_training(spark, frame, error, message):
         fit(spark.createDataFrame(frame))
 
 
+@pytest.mark.parametrize("value", ["soon", "0"])
+def test_a_bad_spare_idle_timeout_is_refused(spark, small_df, value):
+    spark.conf.set("spark.tfbarrier.spareIdleTimeout", value)
+    try:
+        with pytest.raises(ClusterError, match="spareIdleTimeout must be a number of seconds above 0, got '"
+                                               + value + "'; to turn spares off, set spark.tfbarrier.warmStart"):
+            fit(small_df)
+    finally:
+        spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
+
+
 def test_an_empty_dataframe_is_refused(small_df):
     with pytest.raises(InvalidArgumentError, match="the DataFrame is empty"):
         fit(small_df.limit(0))

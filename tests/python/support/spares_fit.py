@@ -1,5 +1,6 @@
-"""Driver program for test_spares: fits on a local[2] Spark of its own (so that its two Python
-workers are the only ones), with spare training processes on, then off. Prints one JSON line."""
+"""Driver program for test_spares: fits on a local[2] Spark of its own (so that its tasks are the only
+ones) whose Python workers exit after each task (spark.python.worker.reuse=false), as when Spark
+retires idle ones: spares must outlive them. Prints one JSON line."""
 
 import json
 import time
@@ -8,27 +9,37 @@ from conftest import SESSION_TAG, digits_cnn, digits_frames, make_spark, trainin
 
 import tfbarrier
 
-spark = make_spark("local[2]")
+spark = make_spark("local[2]", **{"spark.python.worker.reuse": "false"})
 df = spark.createDataFrame(digits_frames()[0]).repartition(2).cache()
 df.count()
 report = {"tag": SESSION_TAG, "fits": []}
 
 
-def fit():
+def idle_spares():
+    return sorted(set(training_processes(spares=True)) - set(training_processes()))
+
+
+def fit(wait=1):
     result = tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64)
-    time.sleep(1)  # the spares' interpreters start
+    time.sleep(wait)  # the spares' keepers start
     report["fits"].append({
         "warm": [w["warm_start"] for w in result.workers],
         "checksums": [w["checksum"] for w in result.workers],
         "tensorflow_import": [w["timings"]["tensorflow_import"] for w in result.workers],
-        "spares": sorted(set(training_processes(spares=True)) - set(training_processes())),
+        "spares": idle_spares(),
         "busy": training_processes(),
     })
 
 
 fit()
 fit()
+spark.conf.set("spark.tfbarrier.spareIdleTimeout", "2")
+fit(wait=6)  # leaves spares that give up after 2 s
+spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
 spark.conf.set("spark.tfbarrier.warmStart", "false")
 fit()
+spark.conf.unset("spark.tfbarrier.warmStart")
+fit()  # leaves spares for spark.stop() to end
+report["keepers"] = training_processes(spares=True, module="tfbarrier.spares")
 print("RESULT " + json.dumps(report), flush=True)
 spark.stop()
