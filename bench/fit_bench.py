@@ -255,8 +255,9 @@ def main():
             f"{job.steps} steps x {job.epochs} epochs on {len(x):,} random 28x28 images; Spark `local[2]` "
             "already up; one warm-up run of each contender first. Each round runs every contender twice in a "
             "row: the first run comes after the other contenders' (over a minute, so Spark has retired the "
-            "idle Python workers of its pool, and with them tfbarrier's spare processes and "
-            "spark-tensorflow-distributor's imported TensorFlow), the second right after the first."
+            "idle Python workers of its pool, and with them spark-tensorflow-distributor's imported TensorFlow; "
+            "tfbarrier's spare training processes belong to the executor and outlive them), the second right "
+            "after the first."
             + (" The two \"own process\" contenders drive tfbarrier.fit from a process with a Spark of its "
                f"own, this tree's and revision {args.baseline_ref}'s: their times include Spark's start-up, "
                "so compare their throughput." if args.baseline_ref else "")
