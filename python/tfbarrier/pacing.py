@@ -34,11 +34,73 @@ def resolve(model, steps_per_execution):
     if steps_per_execution is None:
         return None
     if steps_per_execution != "auto":
-        model.steps_per_execution = steps_per_execution
+        set_count(model, steps_per_execution)
         return None
     if int(model.steps_per_execution.numpy()) != 1:  # the user's own compile(steps_per_execution=n)
         return None
     return auto_callback()
+
+
+def set_count(model, count):
+    """Run ``count`` steps per call from now on: in tfbarrier's looping training function where the
+    model leaves training to Keras, else in Keras's own."""
+    model.steps_per_execution = count
+    if count > 1 and _plain_keras_training(model):
+        model.train_function = model.train_tf_function = looping_train_function(model)
+    elif model.train_function is not None:
+        model.make_train_function(force=True)
+
+
+def _plain_keras_training(model):
+    import tf_keras
+
+    return (type(model).make_train_function is tf_keras.Model.make_train_function
+            and not model.jit_compile and not model.run_eagerly)
+
+
+def looping_train_function(model):
+    """Keras's training function for several steps per call (tf_keras's ``make_train_function``),
+    except that only a call's last step reads the metrics: fit reports a call's last logs and drops the
+    others, and every read costs an all-reduce per metric across the workers (tf_keras's
+    ``result_wrapper``). The other steps update the metrics as usual. A ``train_step`` of the model's
+    own that reads its metrics itself still does so at every step."""
+    import tensorflow as tf
+    from tf_keras.src.engine.training import _minimum_control_deps, reduce_per_replica
+
+    strategy = model.distribute_strategy
+
+    def step(iterator, read_metrics):
+        def run_step(data):
+            with _metric_results(model, read_metrics):
+                outputs = model.train_step(data)
+            with tf.control_dependencies(_minimum_control_deps(outputs)):
+                model._train_counter.assign_add(1)  # as in Keras: counted once the step succeeded
+            return outputs
+
+        outputs = strategy.run(run_step, args=(next(iterator),))
+        return reduce_per_replica(outputs, strategy, reduction=model.distribute_reduction_method)
+
+    def train_function(iterator):
+        # Read at run time, as Keras does: fit lowers it for an epoch's last, shorter call.
+        for _ in tf.range(model._steps_per_execution - 1):
+            step(iterator, read_metrics=False)
+        return step(iterator, read_metrics=True)
+
+    return tf.function(train_function, reduce_retracing=True)
+
+
+class _metric_results:
+    """While ``train_step`` is traced with ``read`` False, its ``compute_metrics`` returns no results."""
+
+    def __init__(self, model, read):
+        self.model, self.read = model, read
+
+    def __enter__(self):
+        if not self.read:
+            object.__setattr__(self.model, "get_metrics_result", dict)  # past Keras's attribute tracking
+
+    def __exit__(self, *exc):
+        self.model.__dict__.pop("get_metrics_result", None)
 
 
 def auto_callback():
@@ -51,13 +113,13 @@ def auto_callback():
         def __init__(self):
             super().__init__()
             self.calls, self.durations, self._last_end = 0, [], None
-            self.decided = None  # (steps per call, the slowest worker's seconds per call of one step)
+            self.decided = False
 
         def on_epoch_begin(self, epoch, logs=None):
             self._last_end = None  # a call is timed from the previous batch end of its own epoch
 
         def on_train_batch_end(self, batch, logs=None):
-            if self.decided is not None:
+            if self.decided:
                 return
             now, self.calls = time.perf_counter(), self.calls + 1
             if self._last_end is not None and self.calls > WARMUP_CALLS:
@@ -70,9 +132,8 @@ def auto_callback():
                     # Keras built a one-step training function (the count was 1 as fit started); fit
                     # looks its training function up on every call, so the looping one takes over here,
                     # traced only by fits that run this long.
-                    self.model.steps_per_execution = count
-                    self.model.make_train_function(force=True)
-                self.decided = (count, slowest)
+                    set_count(self.model, count)
+                self.decided = True
 
         def _everyones(self, seconds):
             """Every replica's ``seconds``, the same list on each worker (one all-reduce, see the module)."""
