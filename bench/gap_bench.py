@@ -1,9 +1,10 @@
 """What closes the gap between a 2-worker tfbarrier.fit and one TensorFlow process (the limit): the
 default (one intra-op thread per worker, as Spark gives each task one CPU; steps_per_execution "auto"),
 one step per call (the default before "auto"), fit's ``steps_per_execution`` fixed at 10 and 30, the
-OS placing the workers on the cores (``spark.tfbarrier.pinCpus=false``), two threads per worker, gradient packing (``communication={"bytes_per_pack": 64 MB}``), and a 4x larger
-per-worker batch (against the limit at the same global batch). Steady samples/s (epochs 2..) of the
-slides' CNN, interleaved as in fit_bench.py.
+OS placing the workers on the cores (``spark.tfbarrier.pinCpus=false``), two threads per worker,
+gradient packing (``communication={"bytes_per_pack": 64 MB}``), and a 4x larger per-worker batch
+(against the limit at the same global batch). Steady samples/s (epochs 2..) of the slides' CNN,
+interleaved as in fit_bench.py.
 
     .venv/bin/python bench/gap_bench.py [--rounds 3]
 """
