@@ -43,64 +43,50 @@ def resolve(model, steps_per_execution):
 
 def set_count(model, count):
     """Run ``count`` steps per call from now on: in tfbarrier's looping training function where the
-    model leaves training to Keras, else in Keras's own."""
+    model leaves its training step to Keras, else in Keras's own."""
     model.steps_per_execution = count
-    if count > 1 and _plain_keras_training(model):
+    if count > 1 and _keras_training_step(model):
         model.train_function = model.train_tf_function = looping_train_function(model)
     elif model.train_function is not None:
         model.make_train_function(force=True)
 
 
-def _plain_keras_training(model):
+def _keras_training_step(model):
+    """Whether a step's logs are Keras's: its metrics' results (no training step or function of the
+    model's own, no XLA, not eager)."""
     import tf_keras
 
-    return (type(model).make_train_function is tf_keras.Model.make_train_function
-            and not model.jit_compile and not model.run_eagerly)
+    own = [name for name in ("make_train_function", "train_step", "compute_metrics")
+           if getattr(type(model), name) is not getattr(tf_keras.Model, name)]
+    return not own and not model.jit_compile and not model.run_eagerly
 
 
 def looping_train_function(model):
     """Keras's training function for several steps per call (tf_keras's ``make_train_function``),
-    except that only a call's last step reads the metrics: fit reports a call's last logs and drops the
-    others, and every read costs an all-reduce per metric across the workers (tf_keras's
-    ``result_wrapper``). The other steps update the metrics as usual. A ``train_step`` of the model's
-    own that reads its metrics itself still does so at every step."""
+    except that the metrics are read once, after a call's last step: fit reports a call's last logs
+    and drops the others, and every read costs an all-reduce per metric across the workers (tf_keras's
+    ``result_wrapper``). Each step still updates the metrics; the step is traced once, as in Keras."""
     import tensorflow as tf
-    from tf_keras.src.engine.training import _minimum_control_deps, reduce_per_replica
+    from tf_keras.src.engine.training import reduce_per_replica
 
     strategy = model.distribute_strategy
 
-    def step(iterator, read_metrics):
-        def run_step(data):
-            with _metric_results(model, read_metrics):
-                outputs = model.train_step(data)
-            with tf.control_dependencies(_minimum_control_deps(outputs)):
-                model._train_counter.assign_add(1)  # as in Keras: counted once the step succeeded
-            return outputs
-
-        outputs = strategy.run(run_step, args=(next(iterator),))
-        return reduce_per_replica(outputs, strategy, reduction=model.distribute_reduction_method)
+    def run_step(data):
+        object.__setattr__(model, "get_metrics_result", dict)  # while traced: no results (past Keras's tracking)
+        try:
+            model.train_step(data)
+        finally:
+            model.__dict__.pop("get_metrics_result", None)
+        model._train_counter.assign_add(1)
 
     def train_function(iterator):
         # Read at run time, as Keras does: fit lowers it for an epoch's last, shorter call.
-        for _ in tf.range(model._steps_per_execution - 1):
-            step(iterator, read_metrics=False)
-        return step(iterator, read_metrics=True)
+        for _ in tf.range(model._steps_per_execution):
+            strategy.run(run_step, args=(next(iterator),))
+        logs = strategy.run(model.get_metrics_result)
+        return reduce_per_replica(logs, strategy, reduction=model.distribute_reduction_method)
 
     return tf.function(train_function, reduce_retracing=True)
-
-
-class _metric_results:
-    """While ``train_step`` is traced with ``read`` False, its ``compute_metrics`` returns no results."""
-
-    def __init__(self, model, read):
-        self.model, self.read = model, read
-
-    def __enter__(self):
-        if not self.read:
-            object.__setattr__(self.model, "get_metrics_result", dict)  # past Keras's attribute tracking
-
-    def __exit__(self, *exc):
-        self.model.__dict__.pop("get_metrics_result", None)
 
 
 def auto_callback():
