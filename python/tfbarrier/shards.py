@@ -24,6 +24,7 @@ from .errors import ColumnError
 RECORD_BATCH_BYTES = 4 * 2**20  # a shard's record batches: the unit the reader reads and reorders
 SHUFFLE_BUFFER_ROWS = 10_000  # the default shuffle buffer, in rows...
 SHUFFLE_BUFFER_BYTES = 64 * 2**20  # ...and at most this many bytes of the shard's rows
+PREFETCH_BATCHES = 2  # batches a worker's pipeline prepares ahead of its steps
 ARRAY, COLUMNS, IMAGE = "array", "columns", "image"  # Layout.kind
 IMAGE_CHANNELS = (1, 3, 4)
 
@@ -320,7 +321,10 @@ def _batched(ds, shard, input_shape, batch, then=None):
         ds = ds.map(then, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.batch(batch, drop_remainder=True).with_options(options).prefetch(tf.data.AUTOTUNE)
+    # No autotuning: its thread's measurements compete for the cores a worker's step needs (a worker
+    # has one, bench/README.md), for a pipeline whose only tunable part is this prefetch.
+    options.autotune.enabled = False
+    return ds.batch(batch, drop_remainder=True).with_options(options).prefetch(PREFETCH_BATCHES)
 
 
 def class_weighted(class_weight):
