@@ -1,8 +1,7 @@
 """What closes the gap between a 2-worker tfbarrier.fit and one TensorFlow process (the limit): the
 default (one intra-op thread per worker, as Spark gives each task one CPU; steps_per_execution "auto"),
-one step per call (the default before "auto"), fit's ``steps_per_execution`` fixed at 10 and 30, the
-OS placing the workers on the cores (``spark.tfbarrier.pinCpus=false``), two threads per worker,
-gradient packing (``communication={"bytes_per_pack": 64 MB}``), and a 4x larger per-worker batch
+one step per call (the default before "auto"), fit's ``steps_per_execution`` fixed at 10 and 30, two
+threads per worker, gradient packing (``communication={"bytes_per_pack": 64 MB}``), and a 4x larger per-worker batch
 (against the limit at the same global batch). Steady samples/s (epochs 2..) of the slides' CNN,
 interleaved as in fit_bench.py.
 
@@ -17,17 +16,6 @@ import harness  # noqa: E402
 import workloads  # noqa: E402
 
 PACK = 64 * 2**20  # bytes_per_pack: every gradient of the CNN in one all-reduce
-
-
-def unpinned(spark, run):
-    """``run`` with spark.tfbarrier.pinCpus=false: the OS places the training processes."""
-    def run_unpinned(clock):
-        spark.conf.set("spark.tfbarrier.pinCpus", "false")
-        try:
-            run(clock)
-        finally:
-            spark.conf.unset("spark.tfbarrier.pinCpus")
-    return run_unpinned
 
 
 def main():
@@ -56,7 +44,6 @@ def main():
             small, fit_bench.tfbarrier_fit(frames[64], small, steps_per_execution=10)),
         "tfbarrier.fit, 2 x 64, steps_per_execution=30": (
             small, fit_bench.tfbarrier_fit(frames[64], small, steps_per_execution=30)),
-        "tfbarrier.fit, 2 x 64, pinCpus=false": (small, unpinned(spark, fit_bench.tfbarrier_fit(frames[64], small))),
         "tfbarrier.fit, 2 x 64, tf_threads=2": (small, fit_bench.tfbarrier_fit(frames[64], small, tf_threads=2)),
         "tfbarrier.fit, 2 x 64, bytes_per_pack=64 MB": (
             small, fit_bench.tfbarrier_fit(frames[64], small, communication={"bytes_per_pack": PACK})),
