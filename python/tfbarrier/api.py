@@ -234,7 +234,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         model=spec, layout=layout, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed,
         shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer, source=source and source.slices, tf_threads=tf_threads,
         callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
-        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, **cluster.process_settings(spark), started_at=started,
+        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark), started_at=started,
         validation_column=validation_data is not None, validation_split=validation_split,
         validation_freq=validation_freq, class_weight=class_weight, save_to=save_to, save_best=save_best,
         save_mode=save_mode, steps_per_execution=steps_per_execution, communication=communication,
@@ -274,7 +274,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     job = RunJob(function=function, tf_threads=tf_threads, gpus=gpu_plan, env=env,
-                 **cluster.process_settings(spark), started_at=started)
+                 warm_start=cluster.warm_start(spark), started_at=started)
     frame = spark.range(0, num_workers, numPartitions=num_workers)
     results, _, _ = stage.run(frame, job, num_workers, verbose=verbose, timeout=timeout)
     return cloudpickle.loads(results[0].output["value"])
@@ -309,7 +309,7 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     job = ApplyJob(function=pickle_user_code(fn, fn), input_schema=to_arrow_schema(data.schema),
-                   output_schema=output_schema, gpus=gpu_plan, env=env, **cluster.process_settings(spark),
+                   output_schema=output_schema, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
                    started_at=started)
     results, _, _ = stage.run(frame, job, num_workers, verbose=verbose, timeout=timeout)
     tables = [pa.ipc.open_stream(r.output["table"]).read_all() for r in results]

@@ -14,7 +14,6 @@ from .errors import ClusterError
 from .settings import (
     DIRECT_PARQUET_CONF,
     ENCRYPTION_CONFS,
-    PIN_CPUS_CONF,
     SLOT_WAIT,
     SPARE_IDLE_CONF,
     SPARE_IDLE_TIMEOUT,
@@ -63,16 +62,6 @@ def task_slots(spark):
         return _estimated_slots(spark)
     jsc = _context(spark)._jsc.sc()
     return jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
-
-
-def process_settings(spark):
-    """The job fields set in spark.conf that say how tasks run training processes."""
-    return {"warm_start": warm_start(spark), "pin_cpus": pin_cpus(spark)}
-
-
-def pin_cpus(spark):
-    """spark.tfbarrier.pinCpus (default true): whether tasks on one host split its CPUs (cpus.py)."""
-    return str(spark.conf.get(PIN_CPUS_CONF, "true")).strip().lower() != "false"
 
 
 def warm_start(spark):

@@ -40,7 +40,6 @@ class Job:
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     env: object = None  # environment.PythonEnv of the training process; None: the executor's own Python
     warm_start: float = settings.SPARE_IDLE_TIMEOUT  # take a spare, leave one that waits this long; 0: none
-    pin_cpus: bool = True  # split the CPUs a host's tasks share among their training processes (cpus.py)
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
     link: dict = None  # the driver's link (driver_link.py): host, port, token; None: none

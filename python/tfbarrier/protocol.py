@@ -6,7 +6,7 @@ each an ``event``::
 
     task -> process   JOB       the work directory and the task's environment (the job is in JOB_FILE)
     process -> task   PORT      the port it reserved for TensorFlow
-    task -> process   CONFIG    TF_CONFIG, the agreed steps per epoch, the shard and its rows, its CPUs
+    task -> process   CONFIG    TF_CONFIG, the agreed steps per epoch, the shard and its rows
     process -> task   PROGRESS  steps, loss and epoch logs (also the stall watchdog's heartbeat)
     process -> task   DONE      the result is in RESULT_FILE
 

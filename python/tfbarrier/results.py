@@ -40,11 +40,10 @@ class WorkerResult(ProcessReport):
     steps_per_epoch: int = None
     environment: dict = None  # path, built, seconds; None for the executor's own Python
     warm_start: bool = False  # the process was a spare that had imported TensorFlow already
-    cpus: str = None  # the CPUs its training process was pinned to, "2,3" (cpus.py); None: not pinned
     rendezvous_via: str = None  # how the peers met: "driver" (its link) or "allGather" (Spark's fallback)
     task_started_at: float = None
 
-    PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "cpus", "environment",
+    PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
               "python_prefix", "warm_start", "checksum", "shard_checksum", "validation_rows", "validation_checksum",
               "memory", "finished_at", "steps_per_execution", "communication", "timings")
 
@@ -75,9 +74,8 @@ class FitResult:
               steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
               environment (path, built, seconds; None for the executor's own Python), python_prefix
-              (sys.prefix of its training process), warm_start (True when it trained in a spare
-              process its executor kept, TensorFlow already imported), cpus (the CPUs its training
-              process was pinned to, "2,3", when tasks shared a host; else None), finished_at (its
+              (sys.prefix of its training process), warm_start (True when it trained in the spare
+              process its Spark Python worker kept, TensorFlow already imported), finished_at (its
               clock when training ended), memory (its training process's resident memory in MB:
               baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
               steps_per_execution and communication (what its training ran with), timings

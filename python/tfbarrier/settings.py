@@ -8,7 +8,6 @@ settings) are read where they are checked, in cluster.py and gpus.py.
 
 # ---- Spark settings a user can set (spark.conf) --------------------------------------------------
 WARM_START_CONF = "spark.tfbarrier.warmStart"  # false: no spare training processes (spares.py)
-PIN_CPUS_CONF = "spark.tfbarrier.pinCpus"  # false: the OS places training processes on CPUs (cpus.py)
 SPARE_IDLE_CONF = "spark.tfbarrier.spareIdleTimeout"  # seconds an unused spare waits before it exits
 DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"  # false: Parquet goes through Spark (parquet_source.py)
 ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: jobs need allow_unencrypted

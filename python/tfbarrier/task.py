@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import time
 
-from . import cpus, driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares
+from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares
 from .errors import TfBarrierError, WorkerError
 from .launcher import TrainingProcess
 from .results import WorkerResult
@@ -87,15 +87,12 @@ def _run(job, context, batches, workdir, link):
         timings["worker_start"] = time.time() - spawned
         link.event(f"training process ready on port {port}")
         gathered = time.time()
-        info = {"host": host, "port": port, "cpus": cpus.available(), **counts}
-        peers, how = rendezvous.gather(context, link, info, job.attempt)
+        peers, how = rendezvous.gather(context, link, {"host": host, "port": port, **counts}, job.attempt)
         timings["rendezvous"] = time.time() - gathered
         link.event(f"rendezvous: {len(peers)} workers through {how} in {timings['rendezvous']:.3f} s")
         job.check_peers(peers)
         agreed = job.agree_steps(peers)
-        pinned = cpus.share(peers, index) if job.pin_cpus and not env[settings.GPUS_ENV] else None
-        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), shard=shard, cpus=pinned,
-                     **counts, **agreed)
+        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), shard=shard, **counts, **agreed)
         forward = lambda message: link.send("progress", **message)  # noqa: E731
         process.receive(protocol.DONE, stall_timeout=job.stall_timeout, on_message=forward)
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
@@ -107,7 +104,6 @@ def _run(job, context, batches, workdir, link):
         rows=written["rows"], shard_checksum=written["checksum"], steps_per_epoch=agreed.get("steps_per_epoch"),
         validation_rows=written.get("validation_rows"), validation_checksum=written.get("validation_checksum"),
         environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started,
-        cpus=None if pinned is None else ",".join(map(str, pinned)),
     )
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 
-from . import cpus, protocol, rendezvous, settings
+from . import protocol, rendezvous, settings
 from .errors import PortClashError
 from .launcher import name_process
 
@@ -57,8 +57,6 @@ def serve(job, channel, tf, import_error):
     port = rendezvous.reserve_port()
     channel.send(protocol.PORT, port=port.getsockname()[1])
     config = channel.wait_for(protocol.CONFIG)
-    if config.get("cpus"):
-        cpus.pin(config["cpus"])  # before TensorFlow starts its thread pools
     os.environ[settings.TF_CONFIG_ENV] = json.dumps(config["tf_config"])
     port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
     return job.execute(tf, config, channel)
