@@ -6,6 +6,7 @@ CNN, 2 workers x 64, 60 steps x 4 epochs), one after the other for ``--rounds`` 
 the samples/s of epochs 2.. of each run and their median, min and max.
 
     .venv/bin/python bench/throughput_ab.py --baseline-ref 74a8fa1 [--rounds 8]
+    .venv/bin/python bench/throughput_ab.py --refs REV REV... [--rounds 8]   those revisions only
 """
 
 import argparse
@@ -35,9 +36,12 @@ def run_once(data, env):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline-ref", required=True)
+    parser.add_argument("--baseline-ref", help="this tree against that revision")
+    parser.add_argument("--refs", nargs="+", help="these revisions against each other")
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
+    if not (args.baseline_ref or args.refs):
+        parser.error("give --baseline-ref or --refs")
     harness.local_spark_env()
 
     import workloads
@@ -45,17 +49,20 @@ def main():
     data = tempfile.mkdtemp(prefix="tfbarrier-ab-data-")
     workloads.make_data(data, STEPS * BATCH * WORKERS)
     here = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (BENCH, os.environ.get("PYTHONPATH")) if p))
-    baseline = dict(here, PYTHONPATH=os.pathsep.join([harness.worktree(args.baseline_ref), here["PYTHONPATH"]]))
-    results = {"this tree": [], args.baseline_ref: []}
+    envs = {} if args.refs else {"this tree": here}
+    for ref in args.refs or [args.baseline_ref]:
+        envs[ref] = dict(here, PYTHONPATH=os.pathsep.join([harness.worktree(ref), here["PYTHONPATH"]]))
+    results = {name: [] for name in envs}
     for _ in range(args.rounds):
-        for name, env in (("this tree", here), (args.baseline_ref, baseline)):
+        for name, env in envs.items():
             harness.settle()
             results[name].append(run_once(data, env))
             print(f"{name}: {results[name][-1]:,.0f} samples/s", flush=True)
     for name, rates in results.items():
         print(f"{name}: median {statistics.median(rates):,.0f}, min {min(rates):,.0f}, max {max(rates):,.0f} samples/s")
-    ratio = statistics.median(results["this tree"]) / statistics.median(results[args.baseline_ref])
-    print(f"this tree / {args.baseline_ref}: {ratio:.2f}")
+    first, *others = results
+    for name in others:
+        print(f"{first} / {name}: {statistics.median(results[first]) / statistics.median(results[name]):.2f}")
 
 
 if __name__ == "__main__":
