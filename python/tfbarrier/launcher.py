@@ -1,6 +1,6 @@
-"""The task's handle on its training process: start it (or, as a spare, the task before it in the
-same Spark Python worker does), talk to it (protocol.py), and never leave it alive after the task
-ends (killed on failure, on cancel, and when its parent dies). What runs inside the process is
+"""The task's handle on its training process: start it (or take a spare an earlier task on the same
+executor left, spares.py), talk to it (protocol.py), and never leave it alive after the task ends
+(killed on failure, on cancel, and when its parent dies). What runs inside the process is
 training_process.py.
 """
 

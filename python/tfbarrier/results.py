@@ -74,8 +74,8 @@ class FitResult:
               steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
               environment (path, built, seconds; None for the executor's own Python), python_prefix
-              (sys.prefix of its training process), warm_start (True when it trained in the spare
-              process its Spark Python worker kept, TensorFlow already imported), finished_at (its
+              (sys.prefix of its training process), warm_start (True when it trained in a spare
+              process its executor kept, TensorFlow already imported), finished_at (its
               clock when training ended), memory (its training process's resident memory in MB:
               baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
               steps_per_execution and communication (what its training ran with), timings

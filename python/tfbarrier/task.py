@@ -1,6 +1,6 @@
 """What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
 
-One task: take this Python worker's spare training process, which has imported TensorFlow already,
+One task: take a spare training process of this executor, which has imported TensorFlow already,
 or start one (it imports TensorFlow while the task writes its shard), write the partition to the
 shard file (``job.write_input``), meet every peer (rendezvous.py, through the driver link), hand
 TF_CONFIG and the agreed steps per epoch to the training process, wait for its report and yield the
@@ -52,7 +52,7 @@ def _written_event(written):
 
 
 def _training_process(job, python, env):
-    """This worker's spare when it matches (TensorFlow already imported), else a fresh process."""
+    """A spare of this executor that matches (TensorFlow already imported), else a fresh process."""
     spare = spares.take(python, env) if job.warm_start else None
     return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
