@@ -130,8 +130,9 @@ class TrainingProcess:
         while True:
             try:
                 message = self.channel.poll(0.5)
-            except EOFError:
-                message = None
+            except EOFError:  # the process is ending: why, its exit status says (a spare's keeper reports it)
+                self._wait_for_exit()
+                raise self.failure() from None
             now = time.monotonic()
             if message is not None:
                 last_message = now
@@ -153,6 +154,12 @@ class TrainingProcess:
                     "(a stuck collective or a deadlock; if its steps are really this slow, raise stall_timeout)",
                     worker=self.worker_index, host=self.host, log=self.log_tail(),
                 )
+
+    def _wait_for_exit(self):
+        try:
+            self._proc.wait(settings.STOP_GRACE)
+        except subprocess.TimeoutExpired:  # closed its channel yet runs on: nothing more will come from it
+            self._proc.kill()
 
     def failure(self):
         """The exception that describes why the training process exited. A process killed by a

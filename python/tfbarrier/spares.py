@@ -188,19 +188,36 @@ def _serve(conn, process):
                     [process.channel.fileno()])
     process.channel.close()  # the task's now
     channel = protocol.Channel(conn)
-    while process.alive():
-        try:
-            message = channel.poll(0.2)
-        except (EOFError, OSError):  # the task is gone: its process goes with it
-            process.send_signal(signal.SIGKILL)
-            break
-        if message is not None and message.get("event") == SIGNAL:
-            process.send_signal(message["signal"])
+    # The task learns of a crash from here: wake at the exit itself where the OS can tell (a peer's
+    # error follows within moments, and the first error a task raises is the one the user sees).
+    exited = _exit_fd(process.pid)
+    try:
+        while process.alive():
+            if conn not in select.select([conn] + ([exited] if exited is not None else []), [], [], 0.2)[0]:
+                continue
+            try:
+                message = channel.poll(0)
+            except (EOFError, OSError):  # the task is gone: its process goes with it
+                process.send_signal(signal.SIGKILL)
+                break
+            if message is not None and message.get("event") == SIGNAL:
+                process.send_signal(message["signal"])
+    finally:
+        if exited is not None:
+            os.close(exited)
     code = process.wait()
     try:
         channel.send(EXITED, code=code)
     except OSError:
         pass
+
+
+def _exit_fd(pid):
+    """A descriptor that becomes readable when process ``pid`` exits (Linux's pidfd), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def keep(spec):
