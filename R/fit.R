@@ -25,7 +25,7 @@
 #'   `steps_per_execution` (training steps per call into TensorFlow: `"auto"` by default, which times
 #'   the first calls and then runs about half a second of steps per call; a number fixes it; `NULL`
 #'   keeps the model's own) and `communication` (a named list: `bytes_per_pack`, `timeout_seconds`,
-#'   `implementation`).
+#'   `implementation`, and `compression = "fp16"` to all-reduce the gradients in float16).
 #' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...
 #'   in the history), with the same feature and label columns: converted like `sdf`. Each validation
 #'   evaluates every row exactly once across the workers.

@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import evaluation, pacing, parquet_source, protocol, rendezvous, saving, shards, validation
+from . import communication, evaluation, pacing, parquet_source, protocol, rendezvous, saving, shards, validation
 from .errors import ColumnError, InvalidArgumentError
 from .job import Job, port_clash_is_retryable
 from .model_spec import save_archive, weights_checksum
@@ -51,7 +51,7 @@ class FitJob(Job):
     save_best: str = None  # ... only when this metric improves
     save_mode: str = "min"  # ... "min" or "max"
     steps_per_execution: object = "auto"  # steps per call into TensorFlow: "auto", n, or None (as compiled)
-    communication: dict = None  # CommunicationOptions of the strategy (bytes_per_pack, timeout_seconds, implementation)
+    communication: dict = None  # how gradients travel: CommunicationOptions' arguments, compression (communication.py)
 
     @property
     def validates(self):
@@ -110,13 +110,14 @@ class FitJob(Job):
         started = time.time()
         with port_clash_is_retryable():
             strategy = tf.distribute.MultiWorkerMirroredStrategy(
-                communication_options=_communication_options(tf, self.communication))
+                communication_options=communication.strategy_options(tf, self.communication))
         if self.seed is not None:
             import tf_keras
 
             tf_keras.utils.set_random_seed(self.seed)
         with strategy.scope():
             model = self.model.build()
+            communication.compress_gradients(model, self.communication)
             pacer = pacing.resolve(model, self.steps_per_execution)
         if model.distribute_reduction_method == "auto":
             # A step's metric results are already reduced across workers (tf_keras reads them in a
@@ -181,15 +182,6 @@ class FitJob(Job):
         dataset = strategy.distribute_datasets_from_function(
             shards.validation_dataset_fn(shard, input_shape, self.batch_size, steps))
         return dataset, steps
-
-
-def _communication_options(tf, communication):
-    """tf.distribute's CommunicationOptions from fit's ``communication`` dict (None: TensorFlow's defaults)."""
-    communication = dict(communication or {})
-    implementation = communication.pop("implementation", "auto").upper()
-    return tf.distribute.experimental.CommunicationOptions(
-        implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
-        **communication)
 
 
 def _history(epochs):

@@ -240,11 +240,13 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
 
 
 COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: TensorFlow's own packing)",
-                      "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'ring' or 'nccl'"}
+                      "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'ring' or 'nccl'",
+                      "compression": "'none' or 'fp16'"}
 
 
 def communication(options):
-    """fit's ``communication``: a dict of tf.distribute.experimental.CommunicationOptions' arguments."""
+    """fit's ``communication``: a dict of tf.distribute.experimental.CommunicationOptions' arguments, and
+    the gradients' ``compression`` (communication.py)."""
     if options is None:
         return None
     if not isinstance(options, dict) or set(options) - set(COMMUNICATION_KEYS):
@@ -259,6 +261,9 @@ def communication(options):
     if options.get("implementation", "auto") not in ("auto", "ring", "nccl"):
         raise InvalidArgumentError(f"communication['implementation'] must be 'auto', 'ring' or 'nccl', got "
                                    f"{options['implementation']!r}")
+    if options.get("compression", "none") not in ("none", "fp16"):
+        raise InvalidArgumentError(f"communication['compression'] must be 'none' or 'fp16' (gradients all-reduced "
+                                   f"in float16), got {options['compression']!r}")
     return options
 
 

@@ -3,6 +3,7 @@ fixed data order, a 2-worker fit and one tf_keras process fed the same global ba
 same weights and report the same epoch metrics, with several steps per call into TensorFlow too."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import partitioned
 
@@ -48,3 +49,36 @@ def test_two_workers_and_one_process_end_with_the_same_weights(spark, digits, sp
     # The metrics count every step, also those whose results no call returned (pacing.looping_train_function).
     for name in ("loss", "accuracy"):
         np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
+
+
+def compression_model(optimizer):
+    """w·x with w = 0, trained by one step of SGD(1) on MAE towards 10: the step adds the mean of x to w."""
+    def build():
+        import tf_keras
+
+        model = tf_keras.Sequential([tf_keras.Input((1,)),
+                                     tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+        model.compile(optimizer=optimizer(), loss="mae")
+        return model
+    return build
+
+
+@pytest.mark.parametrize("compression, optimizer, expected", [
+    ("none", "SGD", 1 + 2**-12),
+    ("fp16", "SGD", 1.0),
+    ("fp16", "legacy", 1.0),
+])
+def test_fp16_compression_all_reduces_the_gradients_in_float16(spark, compression, optimizer, expected):
+    # x = 1 + 2**-12 on every row: each worker's gradient, -(1 + 2**-12) / 2, is exact in float32 and
+    # rounds to -0.5 in float16 (whose spacing there is 2**-11), so the update tells which was summed.
+    import tf_keras
+
+    sgd = {"SGD": lambda: tf_keras.optimizers.SGD(1.0), "legacy": lambda: tf_keras.optimizers.legacy.SGD(1.0)}
+    frame = pd.DataFrame({"x": [[1 + 2**-12]] * 4, "y": [10.0] * 4})
+    df = partitioned(spark, frame, lambda i: i // 2, 2)
+    result = tfbarrier.fit(df, compression_model(sgd[optimizer]), features="x", label="y", epochs=1, batch_size=4,
+                           num_workers=2, shuffle=False, communication={"compression": compression})
+
+    assert result.workers[0]["steps"] == 1
+    assert result.workers[0]["communication"] == {"compression": compression}
+    assert result.model.get_weights()[0].item() == expected

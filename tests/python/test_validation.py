@@ -36,6 +36,9 @@ def fit(df, model=None, **overrides):
     ({"steps_per_execution": 0}, InvalidArgumentError, "steps_per_execution must be a positive integer, got 0"),
     ({"batch_size": 5}, InvalidArgumentError, "split evenly across 2 replicas .2 workers x 0 GPUs.: use a multiple of 2"),
     ({"num_workers": 3, "batch_size": 6}, ClusterError, "needs 3 task slots at once, but the cluster has 2"),
+    ({"communication": {"compression": "int8"}}, InvalidArgumentError,
+     "communication\\['compression'\\] must be 'none' or 'fp16' .gradients all-reduced in float16., got 'int8'"),
+    ({"communication": {"pack": 1}}, InvalidArgumentError, "communication must be a dict of CommunicationOptions'"),
 ])
 def test_bad_arguments_are_refused_with_the_fix(small_df, overrides, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(")):

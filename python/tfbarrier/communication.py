@@ -1,0 +1,55 @@
+"""How the workers exchange gradients: fit's ``communication`` argument, in the training process.
+
+- ``bytes_per_pack``, ``timeout_seconds`` and ``implementation`` are tf.distribute's
+  CommunicationOptions, given to MultiWorkerMirroredStrategy as they are.
+- ``compression="fp16"`` all-reduces the gradients in float16: each worker casts its float32
+  gradients down before the all-reduce and the sums back up after it, as Horovod's
+  ``Compression.fp16`` and PyTorch DDP's ``fp16_compress_hook`` do. Half the bytes cross the network
+  (the large model's 3.7 MB per step become 1.9 MB), for about three significant digits per gradient
+  and float16's range (beyond 65,504 a gradient becomes inf). The hook is the optimizer's own
+  (tf_keras's ``aggregate_gradients``, a legacy optimizer's ``gradient_aggregator``), so a training
+  step that aggregates its gradients itself is not compressed.
+"""
+
+from .errors import ModelError
+
+COMPRESSIONS = ("none", "fp16")
+
+
+def strategy_options(tf, communication):
+    """tf.distribute's CommunicationOptions from fit's ``communication`` dict (None: TensorFlow's defaults)."""
+    communication = dict(communication or {})
+    communication.pop("compression", None)
+    implementation = communication.pop("implementation", "auto").upper()
+    return tf.distribute.experimental.CommunicationOptions(
+        implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
+        **communication)
+
+
+def compress_gradients(model, communication):
+    """Make ``model``'s optimizer all-reduce its gradients in float16 when fit asked for it. Before
+    fit traces the training step, which is when Keras reads the hook."""
+    if (communication or {}).get("compression", "none") == "none":
+        return
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # past a LossScaleOptimizer
+    if hasattr(optimizer, "gradient_aggregator"):  # tf_keras.optimizers.legacy
+        optimizer.gradient_aggregator = in_float16(optimizer.gradient_aggregator)
+    elif hasattr(optimizer, "aggregate_gradients"):
+        optimizer.aggregate_gradients = in_float16(optimizer.aggregate_gradients)
+    else:
+        raise ModelError(f"communication={{'compression': 'fp16'}} needs a tf_keras optimizer, whose gradient "
+                         f"aggregation it compresses; {type(optimizer).__name__} has none: drop compression")
+
+
+def in_float16(aggregate):
+    """``aggregate`` (a list of (gradient, variable) in, all-reduced out) with its float32 gradients
+    sent as float16."""
+    import tensorflow as tf
+
+    def aggregate_in_float16(grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        wide = [g is not None and g.dtype == tf.float32 for g, _ in grads_and_vars]
+        narrowed = [(tf.cast(g, tf.float16) if w else g, v) for (g, v), w in zip(grads_and_vars, wide)]
+        return [(tf.cast(g, tf.float32) if w else g, v) for (g, v), w in zip(aggregate(narrowed), wide)]
+
+    return aggregate_in_float16
