@@ -83,8 +83,7 @@ def leave(python, env, idle_timeout=settings.SPARE_IDLE_TIMEOUT):
     """Start a spare for the next task like this one on this executor: its keeper starts the process,
     which imports TensorFlow, in the background. Nothing when every slot holds a spare already."""
     home, keeper_env = importable_home("tfbarrier-keeper-", dict(os.environ))
-    spec = {"python": python, "env": env, "slots": _slots(python, env, os.getppid()), "owner": os.getppid(),
-            "idle_timeout": idle_timeout, "home": home}
+    spec = {"python": python, "env": env, "owner": os.getppid(), "idle_timeout": idle_timeout, "home": home}
     # Not waited for: Python reaps a finished child when it starts the next one.
     keeper = subprocess.Popen([sys.executable, "-m", "tfbarrier.spares"], stdin=subprocess.PIPE,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=keeper_env)
@@ -173,13 +172,25 @@ def _alive(pid):
 
 def _wait_for_taker(listener, process, owner, idle_timeout):
     """The connection of the task that takes the spare; None when the executor or the process ended,
-    or nobody came in time."""
+    or nobody came in time. Wakes at either's exit where the OS can tell, else looks twice a second."""
     deadline = time.monotonic() + idle_timeout
-    while _alive(owner) and process.alive() and time.monotonic() < deadline:
-        if select.select([listener], [], [], 0.5)[0]:
-            conn, _ = listener.accept()
-            return conn
-    return None
+    exits = [fd for fd in map(_exit_fd, (owner, process.pid)) if fd is not None]
+    tick = None if len(exits) == 2 else 0.5
+    try:
+        while _alive(owner) and process.alive():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready = select.select([listener] + exits, [], [], left if tick is None else min(left, tick))[0]
+            if listener in ready:
+                conn, _ = listener.accept()
+                return conn
+            if ready:  # an exit (the executor's may stay a zombie a while: os.kill still finds it)
+                return None
+        return None
+    finally:
+        for fd in exits:
+            os.close(fd)
 
 
 def _serve(conn, process):
@@ -221,7 +232,7 @@ def _exit_fd(pid):
 
 
 def keep(spec):
-    listener, path = _listen(spec["slots"])
+    listener, path = _listen(_slots(spec["python"], spec["env"], spec["owner"]))
     if listener is None:
         return
     with TrainingProcess(spec["env"], spec["python"]) as process:  # stopped however the keeper ends
