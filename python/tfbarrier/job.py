@@ -153,11 +153,18 @@ def _installed(module):
     return any(path.startswith(os.path.realpath(root) + os.sep) for root in roots)
 
 
+def _registered_by_value(module):
+    return module.__name__ in getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ())
+
+
 def pickle_user_code(obj, function):
     """cloudpickle ``obj``, shipping ``function``'s module by value when it is the user's own code (a
-    script, a test module, a notebook helper), which the training processes could not import."""
+    script, a test module, a notebook helper), which the training processes could not import. The
+    user's other modules that ``obj`` uses go by value once registered with cloudpickle's
+    ``register_pickle_by_value`` (README); such a registration outlives the call."""
     module = sys.modules.get(getattr(function, "__module__", None) or "")
-    by_value = module is not None and module.__name__ != "__main__" and not _installed(module)
+    by_value = module is not None and module.__name__ != "__main__" and not _installed(module) \
+        and not _registered_by_value(module)
     if by_value:
         cloudpickle.register_pickle_by_value(module)
     try:

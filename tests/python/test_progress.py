@@ -3,6 +3,7 @@
 import json
 import socket
 
+import cloudpickle
 import psutil
 import pytest
 from conftest import digits_cnn
@@ -166,25 +167,6 @@ def test_fits_steps_per_execution_takes_effect(digits_df, tmp_path):
     assert [w["steps"] for w in result.workers] == [10, 10]
 
 
-def slow_batch_ends(worker, seconds):
-    """A callbacks factory: ``worker``'s batch ends each take ``seconds`` longer."""
-    def factory():
-        import json
-        import os
-        import time
-
-        import tf_keras
-
-        class Slow(tf_keras.callbacks.Callback):
-            def on_train_batch_end(self, batch, logs=None):
-                if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == worker:
-                    time.sleep(seconds)
-
-        return [Slow()]
-
-    return factory
-
-
 def batch_ends_in_calls_of(count, steps_per_epoch, epochs, measured_calls=10):
     """The batch indices Keras reports when the first ``measured_calls`` calls run one step each and the
     later ones ``count`` steps (an epoch's last call runs what is left of it)."""
@@ -218,9 +200,13 @@ def test_auto_steps_per_execution_follows_the_slowest_worker(digits_df, tmp_path
     all-reduce: every worker adopts 0.5 / 0.2 = 2 steps per call at most, the same count everywhere
     (workers that grouped steps differently into calls would wait for each other forever)."""
     record = tmp_path / "batches"
-    callbacks = lambda: batch_ends(str(record))() + slow_batch_ends(1, 0.2)()  # noqa: E731
-    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
-                           steps_per_epoch=20, verbose=0, callbacks=callbacks)
+    callbacks = lambda: batch_ends(str(record))() + faults.slow_steps(0.2, worker=1)()  # noqa: E731
+    cloudpickle.register_pickle_by_value(faults)  # a helper module the callbacks use (README: "callbacks")
+    try:
+        result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                               steps_per_epoch=20, verbose=0, callbacks=callbacks)
+    finally:
+        cloudpickle.unregister_pickle_by_value(faults)
     counts = [w["steps_per_execution"] for w in result.workers]
     assert counts[0] == counts[1] and counts[0] <= 2
     ends = [int(batch) for batch in record.read_text().split()]

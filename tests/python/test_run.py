@@ -71,3 +71,29 @@ def test_run_refuses_what_is_not_a_function(spark):
 def test_a_result_larger_than_one_result_row_arrives_whole(spark):
     value = tfbarrier.run(big_value, num_workers=2, args=(40,), spark=spark, verbose=0)
     assert len(value) == 40 * 2**20 and value == big_value(40)  # 3 rows of at most 16 MiB
+
+
+def test_a_module_the_user_registered_by_value_stays_registered():
+    """cloudpickle's register_pickle_by_value is how a user ships helper modules of their own (README).
+    tfbarrier unregistered such a module after shipping a function of it, so that the next function
+    using the helpers failed in the training processes with "No module named 'support'"."""
+    import contextlib
+    import subprocess
+    import sys
+
+    import cloudpickle
+    from support import faults
+
+    from tfbarrier.job import pickle_user_code
+
+    cloudpickle.register_pickle_by_value(faults)
+    try:
+        pickle_user_code(faults.slow_steps(0), faults.slow_steps(0))  # a fit with the helpers' callbacks
+        later = cloudpickle.dumps(lambda: faults.slow_steps(0, worker=1))  # the next one's, from elsewhere
+    finally:
+        with contextlib.suppress(ValueError):  # "not registered": what the bug left
+            cloudpickle.unregister_pickle_by_value(faults)
+    load = "import cloudpickle, sys; cloudpickle.loads(sys.stdin.buffer.read())()"  # where support is not importable
+    loaded = subprocess.run([sys.executable, "-c", load], input=later, capture_output=True, cwd="/",
+                            env={"PATH": "/usr/bin:/bin"})
+    assert loaded.returncode == 0, loaded.stderr.decode()

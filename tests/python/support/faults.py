@@ -1,8 +1,8 @@
 """Fault injection for tests, through fit()'s documented ``callbacks=`` hook: each function here
-returns a callbacks factory; the callback acts only in the chosen worker (read from TF_CONFIG) and,
-for ``kill``, only in the first submission of the job (TFBARRIER_ATTEMPT); ``slow_steps`` in every one.
-Faults act at the first batch end from step 2 of their epoch on (with steps_per_execution > 1, Keras
-reports batch ends every few steps)."""
+returns a callbacks factory. The faults act in the chosen worker (read from TF_CONFIG), at the first
+batch end from step 2 of their epoch on (with steps_per_execution > 1, Keras reports batch ends every
+few steps); ``kill`` only in the first submission of the job (TFBARRIER_ATTEMPT). ``slow_steps`` slows
+every batch end, of every worker or of the one given."""
 
 import json
 import os
@@ -56,12 +56,16 @@ def hang(worker, epoch):
     return factory
 
 
-def slow_steps(seconds):
-    """Healthy but slow steps in every worker: each step ends ``seconds`` later (over 1 s: the training
-    process reports its running loss after every step)."""
+def slow_steps(seconds, worker=None):
+    """Healthy but slow steps in every worker, or only in ``worker``: each batch end comes ``seconds``
+    later (over 1 s: the training process reports its running loss after every step)."""
 
     def factory():
-        return [_callback(lambda epoch, batch: time.sleep(seconds))]
+        def act(epoch, batch):
+            if worker is None or _worker_index() == worker:
+                time.sleep(seconds)
+
+        return [_callback(act)]
 
     return factory
 
