@@ -8,6 +8,7 @@
   barrier by hand    a barrier stage that sets TF_CONFIG itself from the task addresses and fixed ports
                      and starts the same worker program as "2 processes" (what the slides do in R)
   tfbarrier.fit      from a cached 2-partition Spark DataFrame of the same rows
+  ..., fp16          the same, with communication={"compression": "fp16"} (gradients all-reduced in float16)
 
 Time to first step and total are from the call (or the processes' launch) to worker 0's first
 finished step and to the return; throughput counts the samples of epochs 2.. over their time.
@@ -224,6 +225,7 @@ def main():
         "spark-tensorflow-distributor": distributor(job),
         "barrier job by hand": barrier_by_hand(spark, job),
         "tfbarrier.fit": tfbarrier_fit(df, job, timings=fit_timings),
+        "tfbarrier.fit, fp16 gradients": tfbarrier_fit(df, job, communication={"compression": "fp16"}),
     }
     if args.baseline_ref:
         contenders["tfbarrier.fit, own process"] = tfbarrier_fit_in_own_process(job)

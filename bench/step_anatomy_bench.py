@@ -5,17 +5,19 @@ default on 2 cores), and worker 0's milliseconds per step for each part of a ste
 - compute: forward, backward and the optimizer's update, each worker on its own gradients (no
   collective), both workers at once;
 - all-reduce: of one float (a collective's latency), and of the gradients alone (tensors of the
-  gradients' shapes), unpacked and packed into one (``bytes_per_pack``);
+  gradients' shapes) with TensorFlow's default packing and with ``bytes_per_pack`` 64 MB (both send
+  every gradient in one concatenated all-reduce: ``group_by_size`` packs all when it is 0);
 - the whole step in a tf.function of our own (compute, all-reduce, update);
 - Keras's ``fit`` on the same batches: steps_per_execution 1, 10 and 30, and with batch logs taken from
   the first replica (``distribute_reduction_method="first"``) rather than summed across workers (tf_keras's
-  default): tfbarrier's default is "first" with about 30 steps per call on this model; and that without
-  the accuracy metric, which every step reads across workers (tf_keras's ``result_wrapper``). Timed from the
+  default); that without the accuracy metric, which every step reads across workers (tf_keras's
+  ``result_wrapper``); and tfbarrier's own training function (pacing.py: metrics read once per call) at
+  30 steps per call, as fit runs it, plain and with float16 gradients (communication.py). Timed from the
   epoch's start to its end: ``fit`` returns seconds later, when its data iterator is deleted and waits
   for a tf.data background thread, which is not a step's cost;
 - one process alone, no strategy, the same compute at 64 rows.
 
-    .venv/bin/python bench/step_anatomy_bench.py [--steps 200] [--rounds 3]
+    .venv/bin/python bench/step_anatomy_bench.py [--model cnn|large] [--steps 200] [--rounds 3]
 """
 
 import argparse
@@ -33,13 +35,15 @@ import harness  # noqa: E402
 PACK = 64 * 2**20
 BATCH = 64
 PARTS = ("compute (each worker alone, no collective)", "all-reduce of one float (a collective's latency)",
-         "all-reduce of the gradients, unpacked",
+         "all-reduce of the gradients (TensorFlow's default, bytes_per_pack=0: one concatenated all-reduce)",
          "all-reduce of the gradients, packed into one (bytes_per_pack=64 MB)",
          "whole step, tf.function of our own", "Keras fit, steps_per_execution=1 (tf_keras's default)",
          "Keras fit, steps_per_execution=1, batch logs from the first replica",
          "Keras fit, steps_per_execution=10", "Keras fit, steps_per_execution=30",
-         "Keras fit, steps_per_execution=30, batch logs from the first replica (tfbarrier's default)",
-         "... the same, compiled without metrics=[\"accuracy\"]")
+         "Keras fit, steps_per_execution=30, batch logs from the first replica",
+         "... the same, compiled without metrics=[\"accuracy\"]",
+         "tfbarrier's training function, 30 steps per call, batch logs from the first replica (fit's default)",
+         "... the same, gradients all-reduced in float16 (communication={\"compression\": \"fp16\"})")
 
 
 def per_step_ms(run, steps):
@@ -54,19 +58,20 @@ def per_step_ms(run, steps):
     return (time.perf_counter() - started) * 1000 / steps
 
 
-def worker(steps, rounds, out):
+def worker(kind, steps, rounds, out):
     """One worker process: every part, ``rounds`` times, in the same order as its peer."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
 
+    from tfbarrier import communication, pacing
     from workloads import INPUT_SHAPE, build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     packed = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=PACK)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
-        model = build_model(tf_keras, "cnn")
+        model = build_model(tf_keras, kind)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32))
     y = tf.constant(rng.integers(0, 10, BATCH))
@@ -105,12 +110,15 @@ def worker(steps, rounds, out):
         def on_epoch_end(self, epoch, logs=None):
             self.seconds = time.perf_counter() - self.began
 
-    def keras_fit(steps_per_execution, reduction="auto", metrics=True):
+    def keras_fit(steps_per_execution, reduction="auto", metrics=True, tfbarrier=False, compression="none"):
         with strategy.scope():  # a model of its own: Keras fixes steps_per_execution when it first traces
-            net = build_model(tf_keras, "cnn", steps_per_execution)
+            net = build_model(tf_keras, kind, 1 if tfbarrier else steps_per_execution)
             if not metrics:  # each step reads its metrics across workers (tf_keras's result_wrapper)
                 net.compile(optimizer=net.optimizer, loss=net.loss, steps_per_execution=steps_per_execution)
         net.distribute_reduction_method = reduction
+        if tfbarrier:  # what fit_job does: its own looping training function, and the gradients' compression
+            communication.compress_gradients(net, {"compression": compression})
+            pacing.set_count(net, steps_per_execution)
         data = strategy.distribute_datasets_from_function(
             lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
 
@@ -122,7 +130,8 @@ def worker(steps, rounds, out):
 
     runs = [looped(compute), looped(all_reduce(None, [tf.zeros(())])), looped(all_reduce(None)),
             looped(all_reduce(packed)), looped(whole), keras_fit(1), keras_fit(1, "first"), keras_fit(10),
-            keras_fit(30), keras_fit(30, "first"), keras_fit(30, "first", metrics=False)]
+            keras_fit(30), keras_fit(30, "first"), keras_fit(30, "first", metrics=False),
+            keras_fit(30, "first", tfbarrier=True), keras_fit(30, "first", tfbarrier=True, compression="fp16")]
     times = {part: [] for part in PARTS}
     for _ in range(rounds):
         for part, run in zip(PARTS, runs):
@@ -132,7 +141,7 @@ def worker(steps, rounds, out):
             json.dump(times, f)
 
 
-def alone(steps, rounds, out):
+def alone(kind, steps, rounds, out):
     """One process, no strategy: the compute of one worker's step when it has the machine to itself."""
     import numpy as np
     import tensorflow as tf
@@ -141,7 +150,7 @@ def alone(steps, rounds, out):
     from workloads import INPUT_SHAPE, build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    model = build_model(tf_keras, "cnn")
+    model = build_model(tf_keras, kind)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32))
     y = tf.constant(rng.integers(0, 10, BATCH))
@@ -165,18 +174,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_processes(kind, count, steps, rounds):
+def run_processes(role, model, count, steps, rounds):
     out = tempfile.mktemp(prefix="tfbarrier-anatomy-", suffix=".json")
     workers = [f"127.0.0.1:{free_port()}" for _ in range(count)]
     processes = []
     for index in range(count):
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                                      "task": {"type": "worker", "index": index}}))
-        processes.append(subprocess.Popen([sys.executable, __file__, "--as", kind, "--steps", str(steps),
-                                           "--rounds", str(rounds), "--out", out], env=env))
+        processes.append(subprocess.Popen([sys.executable, __file__, "--as", role, "--model", model,
+                                           "--steps", str(steps), "--rounds", str(rounds), "--out", out], env=env))
     for process in processes:
         if process.wait() != 0:
-            raise SystemExit(f"a {kind} process failed with exit code {process.returncode}")
+            raise SystemExit(f"a {role} process failed with exit code {process.returncode}")
     with open(out) as f:
         return json.load(f)
 
@@ -186,26 +195,29 @@ def main():
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--as", dest="role", choices=("worker", "alone"))
+    parser.add_argument("--model", choices=("cnn", "large"), default="cnn")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.role:
-        (worker if args.role == "worker" else alone)(args.steps, args.rounds, args.out)
+        (worker if args.role == "worker" else alone)(args.model, args.steps, args.rounds, args.out)
         os._exit(0)  # skip interpreter teardown: TensorFlow's collective threads can stall it
     harness.local_spark_env()
     harness.settle()
-    times = run_processes("alone", 1, args.steps, args.rounds)
+    times = run_processes("alone", args.model, 1, args.steps, args.rounds)
     harness.settle()
-    times.update(run_processes("worker", 2, args.steps, args.rounds))
+    times.update(run_processes("worker", args.model, 2, args.steps, args.rounds))
     rows = ["| part of a step | min ms | median ms | max ms |", "|---|---|---|---|"]
     for part, values in times.items():
         rows.append(f"| {part} | {min(values):.1f} | {statistics.median(values):.1f} | {max(values):.1f} |")
-    body = ("## Where a 2-worker step's time goes\n\n"
-            f"`.venv/bin/python bench/step_anatomy_bench.py --steps {args.steps} --rounds {args.rounds}`: two "
-            "MultiWorkerMirroredStrategy processes without Spark, the slides' CNN at 64 rows per worker on "
+    what = {"cnn": "the slides' CNN", "large": "the `large` model"}[args.model]
+    body = (f"## Where a 2-worker step's time goes: {args.model}\n\n"
+            f"`.venv/bin/python bench/step_anatomy_bench.py --model {args.model} --steps {args.steps} "
+            f"--rounds {args.rounds}`: two MultiWorkerMirroredStrategy processes without Spark, {what} at 64 rows "
+            "per worker on "
             "in-memory batches, one intra-op thread each; worker 0's milliseconds per step of each part timed "
             f"alone ({args.steps} steps in one tf.function, or one Keras fit's epoch), min / median / max over "
             f"{args.rounds} rounds. The first row is one process on its own.\n\n" + "\n".join(rows) + "\n")
-    harness.write_section("anatomy", body)
+    harness.write_section("anatomy" if args.model == "cnn" else f"anatomy-{args.model}", body)
     print(body)
 
 

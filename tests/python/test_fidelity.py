@@ -1,6 +1,7 @@
 """Data-parallel training computes what single-process training computes: with plain SGD and a
 fixed data order, a 2-worker fit and one tf_keras process fed the same global batches end with the
-same weights and report the same epoch metrics, with several steps per call into TensorFlow too."""
+same weights and report the same epoch metrics, with several steps per call into TensorFlow too; and
+with communication={"compression": "fp16"} the workers sum their gradients as float16 holds them."""
 
 import numpy as np
 import pandas as pd
