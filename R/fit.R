@@ -33,7 +33,8 @@
 #'   [tf_spark_connect()].
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
 #'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker, with its
-#'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`) and
+#'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`, and
+#'   the `steps_per_execution` and gradient `compression` it trained with) and
 #'   `attempts`, and `stopped_epoch` (the last epoch run, from 0, when a callback such as early stopping
 #'   ended the fit; `NULL` otherwise), and `saved` (with `save_to`: a data.frame of the saved models'
 #'   `epoch` and `path`). It has `print()`, `summary()`, `plot()`, `predict()` and

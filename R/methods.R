@@ -9,6 +9,8 @@ new_fit <- function(result, features) {
     row <- as.data.frame(w[fields], stringsAsFactors = FALSE)
     row$baseline_mb <- w$memory$baseline_mb  # the training process's resident memory once set up...
     row$peak_mb <- w$memory$peak_mb  # ...and at its peak
+    row$steps_per_execution <- w$steps_per_execution  # the steps per call it ended with
+    row$compression <- if (is.null(w$communication$compression)) "none" else w$communication$compression
     row
   }))
   structure(

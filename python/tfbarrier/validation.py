@@ -8,6 +8,7 @@ import numbers
 import os
 
 from . import shards
+from .communication import COMPRESSIONS
 from .errors import ColumnError, InvalidArgumentError, ModelError
 from .job import pickle_user_code
 from .shards import Layout
@@ -261,7 +262,7 @@ def communication(options):
     if options.get("implementation", "auto") not in ("auto", "ring", "nccl"):
         raise InvalidArgumentError(f"communication['implementation'] must be 'auto', 'ring' or 'nccl', got "
                                    f"{options['implementation']!r}")
-    if options.get("compression", "none") not in ("none", "fp16"):
+    if options.get("compression", "none") not in COMPRESSIONS:
         raise InvalidArgumentError(f"communication['compression'] must be 'none' or 'fp16' (gradients all-reduced "
                                    f"in float16), got {options['compression']!r}")
     return options

@@ -30,8 +30,11 @@ test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG 
                                  keras$layers$Flatten(), keras$layers$Dense(10L)))
   model$compile(optimizer = "adam", loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
   fit <- spark_tf_fit(sdf, model, features = "content", label = "digit", epochs = 1, batch_size = 32,
-                      num_workers = 2, verbose = 0, spark = spark)
+                      num_workers = 2, verbose = 0, steps_per_execution = 2,
+                      communication = list(compression = "fp16"), spark = spark)
   expect_equal(sum(fit$workers$rows), 200)
+  expect_equal(fit$workers$steps_per_execution, c(2, 2))
+  expect_equal(fit$workers$compression, c("fp16", "fp16"))
   expect_true(all(fit$workers$peak_mb >= fit$workers$baseline_mb))
 
   scored <- spark_tf_predict(sdf, fit, spark = spark)$select("prediction")$toPandas()
