@@ -174,7 +174,7 @@ def _wait_for_taker(listener, process, owner, idle_timeout):
     """The connection of the task that takes the spare; None when the executor or the process ended,
     or nobody came in time. Wakes at either's exit where the OS can tell, else looks twice a second."""
     deadline = time.monotonic() + idle_timeout
-    exits = [fd for fd in map(_exit_fd, (owner, process.pid)) if fd is not None]
+    exits = _exit_fds(owner, process.pid)
     tick = None if len(exits) == 2 else 0.5
     try:
         while _alive(owner) and process.alive():
@@ -201,10 +201,10 @@ def _serve(conn, process):
     channel = protocol.Channel(conn)
     # The task learns of a crash from here: wake at the exit itself where the OS can tell (a peer's
     # error follows within moments, and the first error a task raises is the one the user sees).
-    exited = _exit_fd(process.pid)
+    exits = _exit_fds(process.pid)
     try:
         while process.alive():
-            if conn not in select.select([conn] + ([exited] if exited is not None else []), [], [], 0.2)[0]:
+            if conn not in select.select([conn] + exits, [], [], None if exits else 0.2)[0]:
                 continue
             try:
                 message = channel.poll(0)
@@ -214,8 +214,8 @@ def _serve(conn, process):
             if message is not None and message.get("event") == SIGNAL:
                 process.send_signal(message["signal"])
     finally:
-        if exited is not None:
-            os.close(exited)
+        for fd in exits:
+            os.close(fd)
     code = process.wait()
     try:
         channel.send(EXITED, code=code)
@@ -223,12 +223,16 @@ def _serve(conn, process):
         pass
 
 
-def _exit_fd(pid):
-    """A descriptor that becomes readable when process ``pid`` exits (Linux's pidfd), or None."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
+def _exit_fds(*pids):
+    """Descriptors that become readable when these processes exit (Linux's pidfds), for those the OS
+    gives one: fewer than ``pids`` means looking at the others from time to time."""
+    fds = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except (AttributeError, OSError):
+            pass
+    return fds
 
 
 def keep(spec):

@@ -242,7 +242,7 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
 
 COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: TensorFlow's own packing)",
                       "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'ring' or 'nccl'",
-                      "compression": "'none' or 'fp16'"}
+                      "compression": " or ".join(map(repr, COMPRESSIONS))}
 
 
 def communication(options):
@@ -263,8 +263,8 @@ def communication(options):
         raise InvalidArgumentError(f"communication['implementation'] must be 'auto', 'ring' or 'nccl', got "
                                    f"{options['implementation']!r}")
     if options.get("compression", "none") not in COMPRESSIONS:
-        raise InvalidArgumentError(f"communication['compression'] must be 'none' or 'fp16' (gradients all-reduced "
-                                   f"in float16), got {options['compression']!r}")
+        raise InvalidArgumentError(f"communication['compression'] must be {COMMUNICATION_KEYS['compression']} "
+                                   f"(gradients all-reduced in float16), got {options['compression']!r}")
     return options
 
 
