@@ -2,11 +2,12 @@
 before any Spark job, makes its kind of job (fit_job.FitJob, job.RunJob, job.ApplyJob) and runs its
 barrier stage (stage.run)."""
 
+import random
 import time
 
 import cloudpickle
 
-from . import cluster, gpus, parquet_source, stage, validation
+from . import cluster, gpus, memory, parquet_source, stage, transfer, validation
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .fit_job import VALIDATION_COLUMN, FitJob
@@ -81,7 +82,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
         sample_weight=None, class_weight=None, save_to=None, save_best=None, save_mode="auto",
-        steps_per_execution="auto", communication=None, **unknown):
+        steps_per_execution="auto", communication=None, checkpoint_every=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -129,8 +130,16 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         ``TFBARRIER_ATTEMPT`` which submission. Also the hook for fault-injection tests.
     checkpoint_dir : str, optional
         A directory every worker can reach (a shared file system; any local path in local mode).
-        Training state is saved there each epoch (Keras ``BackupAndRestore``) with the epoch log, and a
-        resubmitted job resumes from the last completed epoch.
+        Training state (the model, its optimizer, the step, each worker's position in its data and the
+        epoch's running metrics) is saved there at the end of each epoch, and every ``checkpoint_every``
+        steps, with the epoch log; a resubmitted job (``max_retries``), or a later fit with the same
+        directory after a failure, resumes at the step after the last save: no step is repeated or
+        skipped. Removed when the fit ends.
+    checkpoint_every : int or str, optional
+        With ``checkpoint_dir``: also save every this many steps, or every so long ("90s", "10min",
+        "2h": that many steps as the slowest worker takes them, measured at the start). A save comes at
+        the end of a call into TensorFlow (``steps_per_execution``; "auto" runs at most this many steps
+        per call). Default: at the end of each epoch only.
     max_retries : int
         Resubmit the job this many times after a retryable failure (a killed training process, a lost
         executor); errors in the model or the data are never retried. Port clashes are retried apart.
@@ -213,6 +222,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     timeout = validation.positive_seconds("timeout", timeout)
     stall_timeout = validation.positive_seconds("stall_timeout", stall_timeout)
     seed = None if seed is None else int(seed)
+    data_seed = random.randrange(2**31) if seed is None else seed  # the same shuffling on every attempt
     verbose = validation.verbosity(verbose)
     tensorboard_dir = validation.directory("tensorboard_dir", tensorboard_dir)
     layout = validation.layout(data.schema, features, label, weight=sample_weight)
@@ -221,32 +231,39 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         validation_data, validation_split, validation_freq, features, label, sample_weight)
     save_to, save_best, save_mode = validation.save_arguments(save_to, save_best, save_mode,
                                                               validation_data is not None or validation_split)
-    spec = ModelSpec.from_model(model)
-    spec.check_loadable()
-    callbacks = validation.callbacks_function(callbacks)
-    checkpoint_dir = validation.directory("checkpoint_dir", checkpoint_dir)
-    spark = data.sparkSession
-    env = _python_env(spark, env)
-    gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
-    gpus.check_batch(batch_size, num_workers, gpus_per_worker)
-    cluster.check_encryption(spark, allow_unencrypted)
-    cluster.check_executor_python(spark)
-    cluster.check_barrier_capacity(spark, num_workers)
-    frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
-    job = FitJob(
-        model=spec, layout=layout, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed,
-        shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer, source=source and source.slices, tf_threads=tf_threads,
-        callbacks=callbacks, checkpoint_dir=checkpoint_dir, tensorboard_dir=tensorboard_dir,
-        stall_timeout=stall_timeout, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark), started_at=started,
-        validation_column=validation_data is not None, validation_split=validation_split,
-        validation_freq=validation_freq, class_weight=class_weight, save_to=save_to, save_best=save_best,
-        save_mode=save_mode, steps_per_execution=steps_per_execution, communication=communication,
-    )
-    submitted = time.time()
-    results, attempts, events = stage.run(frame, job, num_workers, verbose=verbose, global_batch=batch_size,
-                                          max_retries=max_retries, timeout=timeout)
-    chief = results[0]
-    trained = spec.trained_model(model, chief.output.get("weights"), chief.output.get("archive"))
+    with transfer.JobFiles() as files:
+        spec = ModelSpec.from_model(model, files)
+        spec.check_loadable()
+        callbacks = validation.callbacks_function(callbacks)
+        callbacks = callbacks and files.add_bytes("callbacks.pkl", callbacks)
+        checkpoint_dir = validation.directory("checkpoint_dir", checkpoint_dir)
+        checkpoint_every = validation.checkpoint_every(checkpoint_every, checkpoint_dir)
+        spark = data.sparkSession
+        env = _python_env(spark, env)
+        gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
+        gpus.check_batch(batch_size, num_workers, gpus_per_worker)
+        cluster.check_encryption(spark, allow_unencrypted)
+        cluster.check_executor_python(spark)
+        cluster.check_barrier_capacity(spark, num_workers)
+        memory.check_on_driver(spark, spec.size, memory.batch_bytes(batch_size, num_workers, spec.input_shape),
+                               num_workers)
+        frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
+        job = FitJob(
+            model=spec, layout=layout, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+            seed=seed, data_seed=data_seed, shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer,
+            source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks,
+            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            tensorboard_dir=tensorboard_dir, stall_timeout=stall_timeout, gpus=gpu_plan, env=env,
+            warm_start=cluster.warm_start(spark), started_at=started, validation_column=validation_data is not None,
+            validation_split=validation_split, validation_freq=validation_freq, class_weight=class_weight,
+            save_to=save_to, save_best=save_best, save_mode=save_mode, steps_per_execution=steps_per_execution,
+            communication=communication, memory_check=memory.enabled(spark.conf.get),
+        )
+        submitted = time.time()
+        results, attempts, events = stage.run(frame, job, num_workers, files, verbose=verbose,
+                                              global_batch=batch_size, max_retries=max_retries, timeout=timeout)
+        chief = results[0]
+        trained = spec.trained_model(model, files.received(next(iter(chief.files.values()))))
     return FitResult.from_workers(trained, results, attempts, events, started, submitted, time.time())
 
 
@@ -276,11 +293,13 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
-    job = RunJob(function=function, tf_threads=tf_threads, gpus=gpu_plan, env=env,
-                 warm_start=cluster.warm_start(spark), started_at=started)
-    frame = spark.range(0, num_workers, numPartitions=num_workers)
-    results, _, _ = stage.run(frame, job, num_workers, verbose=verbose, timeout=timeout)
-    return cloudpickle.loads(results[0].output["value"])
+    with transfer.JobFiles() as files:
+        job = RunJob(function=files.add_bytes("function.pkl", function), tf_threads=tf_threads, gpus=gpu_plan,
+                     env=env, warm_start=cluster.warm_start(spark), started_at=started)
+        frame = spark.range(0, num_workers, numPartitions=num_workers)
+        results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
+        with open(files.received(results[0].files["value"]), "rb") as f:
+            return cloudpickle.load(f)
 
 
 def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
@@ -311,9 +330,10 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
-    job = ApplyJob(function=pickle_user_code(fn, fn), input_schema=to_arrow_schema(data.schema),
-                   output_schema=output_schema, gpus=gpu_plan, env=env, warm_start=cluster.warm_start(spark),
-                   started_at=started)
-    results, _, _ = stage.run(frame, job, num_workers, verbose=verbose, timeout=timeout)
-    tables = [pa.ipc.open_stream(r.output["table"]).read_all() for r in results]
-    return pa.concat_tables(tables, promote_options="default").to_pandas()
+    with transfer.JobFiles() as files:
+        job = ApplyJob(function=files.add_bytes("function.pkl", pickle_user_code(fn, fn)),
+                       input_schema=to_arrow_schema(data.schema), output_schema=output_schema, gpus=gpu_plan,
+                       env=env, warm_start=cluster.warm_start(spark), started_at=started)
+        results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
+        tables = [pa.ipc.open_stream(files.received(r.files["table"])).read_all() for r in results]
+        return pa.concat_tables(tables, promote_options="default").to_pandas()

@@ -13,6 +13,7 @@ import warnings
 from .errors import ClusterError
 from .settings import (
     DIRECT_PARQUET_CONF,
+    DRIVER_LINK_CONF,
     ENCRYPTION_CONFS,
     SLOT_WAIT,
     SPARE_IDLE_CONF,
@@ -108,6 +109,11 @@ def direct_parquet(spark):
     """spark.tfbarrier.directParquet (default true): whether tasks read a plain Parquet scan themselves
     (parquet_source.py)."""
     return str(spark.conf.get(DIRECT_PARQUET_CONF, "true")).strip().lower() != "false"
+
+
+def driver_link_enabled(spark):
+    """spark.tfbarrier.driverLink (default true): whether jobs open a link on the driver (driver_link.py)."""
+    return str(spark.conf.get(DRIVER_LINK_CONF, "true")).strip().lower() != "false"
 
 
 def driver_host(spark):
@@ -305,16 +311,32 @@ def broadcast(spark, value):
     return _context(spark).broadcast(value)
 
 
+def encryption_enabled(spark):
+    """The settings of ENCRYPTION_CONFS that are on: Spark encrypts its own traffic."""
+    return [key for key in ENCRYPTION_CONFS if str(spark.conf.get(key, "false")).lower() == "true"]
+
+
 def check_encryption(spark, allow_unencrypted):
-    """Refuse to run unencrypted TensorFlow traffic in a cluster configured for encryption, unless the
-    user opted in: tfbarrier's own payloads stay inside Spark, but the workers' gRPC collectives do not."""
-    conf = spark.conf
-    enabled = [key for key in ENCRYPTION_CONFS if str(conf.get(key, "false")).lower() == "true"]
+    """Refuse to run unencrypted traffic in a cluster configured for encryption, unless the user opted
+    in: the workers' gRPC collectives and the driver link (the model's files) are not encrypted."""
+    enabled = encryption_enabled(spark)
     if enabled and not allow_unencrypted:
         raise ClusterError(
             f"{' and '.join(enabled)} is on, but TensorFlow's gRPC traffic between the workers (gradients, "
-            "weights) is not encrypted. Run on a trusted network and pass allow_unencrypted=True to accept that"
+            "weights) and the driver link (the model's files) are not encrypted. Run on a trusted network and "
+            "pass allow_unencrypted=True to accept that"
         )
+
+
+def context_alive(spark):
+    """False once the SparkContext was shut down or its JVM is gone (classic sessions; Connect: True)."""
+    if is_connect(spark):
+        return True
+    try:
+        jsc = _context(spark)._jsc
+        return jsc is not None and not jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - Py4J cannot reach the JVM
+        return False
 
 
 def label_jobs(spark, group):
@@ -347,7 +369,7 @@ def wait_until_tasks_end(spark, group, timeout):
     """Wait (at most ``timeout`` s) until no task of ``group``'s jobs runs any more: a failed barrier
     stage fails at once on the driver while Spark still kills its other tasks, which take their
     training processes with them. Under Connect there is no status tracker: it returns at once."""
-    if is_connect(spark):
+    if is_connect(spark) or not context_alive(spark):
         return True
     tracker = _context(spark).statusTracker()
     deadline = time.monotonic() + timeout

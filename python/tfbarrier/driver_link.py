@@ -5,11 +5,18 @@ A task connects back, sends the job's secret token first (a connection without i
 JSON lines, each a message with a ``kind`` and the task's ``worker`` index. Most are one way: events,
 progress and log lines, which the server keeps (``events``) and hands to ``on_message`` (the progress
 display). A request (``DriverLink.request``, the rendezvous) gets one line back from the handler of
-its kind. The link is a convenience, never a dependency: a task that cannot reach the driver trains
+its kind. Messages are a convenience, never a dependency: a task that cannot reach the driver trains
 on, its sends do nothing and its requests answer None.
+
+Files go over connections of their own, the token first as well: ``fetch`` streams a file the
+server offers (the model's weights, transfer.py) into a file of the task's, ``put`` streams a task's
+file (the trained weights) into one the server takes. Neither holds a file in memory: the driver
+sends from disk (``socket.sendfile``) and both sides write as the bytes come.
 """
 
+import contextlib
 import json
+import os
 import secrets
 import socket
 import socketserver
@@ -17,6 +24,8 @@ import threading
 import time
 
 from . import settings
+
+COPY_CHUNK = 2**20  # bytes read and written at a time while a file streams in
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -29,6 +38,31 @@ class _Handler(socketserver.StreamRequestHandler):
         if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("token", "")), server.token):
             server.rejected += 1
             return  # closing the connection is the answer
+        if "fetch" in hello:
+            self._send_file(server.files, hello["fetch"])
+        elif "put" in hello:
+            self._receive_file(server.files, hello["put"], hello.get("size"))
+        else:
+            self._messages(server)
+
+    def _send_file(self, files, name):
+        path = files.served(name) if files is not None else None
+        if path is None:
+            self._reply({"error": f"the driver offers no file {name!r}"})
+            return
+        with open(path, "rb") as f:
+            self._reply({"size": os.fstat(f.fileno()).st_size})
+            self.connection.sendfile(f)
+
+    def _receive_file(self, files, name, size):
+        path = files.receiving(name) if files is not None else None
+        if path is None or not isinstance(size, int):
+            self._reply({"error": f"the driver takes no file {name!r}"})
+            return
+        _copy(self.rfile, path, size)
+        self._reply({"received": size})
+
+    def _messages(self, server):
         for line in self.rfile:
             try:
                 message = json.loads(line)
@@ -50,12 +84,15 @@ class _TCPServer(socketserver.ThreadingTCPServer):
 
 class DriverServer:
     """The driver's end. ``requests`` maps a request kind to ``handler(message, reply)``; every other
-    message is kept in ``events`` (with its arrival time) and passed to ``on_message``."""
+    message is kept in ``events`` (with its arrival time) and passed to ``on_message``. ``files``
+    (a transfer.JobFiles) says which files are fetched from where (``served(name)``: a path or None) and
+    where the files tasks put go (``receiving(name)``)."""
 
-    def __init__(self, host, on_message=None, requests=None):
+    def __init__(self, host, on_message=None, requests=None, files=None):
         self.token = secrets.token_hex(16)
         self.on_message = on_message
         self.requests = dict(requests or {})
+        self.files = files
         self.events = []
         self.rejected = 0
         self._lock = threading.Lock()
@@ -97,6 +134,7 @@ class DriverLink:
         self._lock = threading.Lock()
         self._closed = threading.Event()  # stops the log followers
         self._followers = []
+        self._endpoint = endpoint
         self._sock = self._replies = None
         if not endpoint:
             return
@@ -134,6 +172,23 @@ class DriverLink:
     def event(self, name, **fields):
         self.send("event", event=name, **fields)
 
+    @property
+    def connected(self):
+        return self._sock is not None
+
+    def fetch(self, name, path):
+        """Stream the driver's file ``name`` into ``path``; its size. Raises OSError when it cannot."""
+        return fetch(self._endpoint, name, path)
+
+    def put(self, name, path):
+        """Stream the file at ``path`` to the driver as ``name``; its size. Raises OSError when it cannot."""
+        size = os.path.getsize(path)
+        with _file_connection(self._endpoint, put=name, size=size) as (sock, answers):
+            with open(path, "rb") as f:
+                sock.sendfile(f)
+            _answer(answers, name)
+        return size
+
     def follow(self, path):
         """Send the lines appended to ``path`` as ``log`` messages, in a thread of its own, until the link
         is closed (and the file's last lines are sent)."""
@@ -162,3 +217,55 @@ class DriverLink:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+
+
+@contextlib.contextmanager
+def _file_connection(endpoint, **hello):
+    """A connection of its own for one file, the hello sent: (socket, a reader of its answers)."""
+    if not endpoint:
+        raise ConnectionError("the job has no driver link")
+    with socket.create_connection((endpoint["host"], endpoint["port"]), timeout=settings.CONNECT_TIMEOUT) as sock:
+        sock.settimeout(settings.TRANSFER_IDLE_TIMEOUT)
+        sock.sendall(json.dumps({"token": endpoint["token"], **hello}).encode() + b"\n")
+        with sock.makefile("rb") as answers:
+            yield sock, answers
+
+
+def _answer(answers, name):
+    """The server's one-line answer about file ``name``; an OSError when it refused or said nothing."""
+    line = answers.readline()
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or "error" in answer:
+        why = answer["error"] if isinstance(answer, dict) else "the connection closed"
+        raise ConnectionError(f"file {name!r}: {why}")
+    return answer
+
+
+def fetch(endpoint, name, path):
+    """Stream the file ``name`` offered by the DriverServer at ``endpoint`` into ``path``, written aside
+    and renamed into place once whole; its size. Raises OSError (ConnectionError...) when it cannot."""
+    with _file_connection(endpoint, fetch=name) as (sock, answers):
+        size = _answer(answers, name)["size"]
+        _copy(answers, path, size)
+    return size
+
+
+def _copy(source, path, size):
+    """``size`` bytes of ``source`` (a binary reader) into a new file at ``path``, a chunk at a time."""
+    partial = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(partial, "wb") as f:
+            left = size
+            while left:
+                chunk = source.read(min(COPY_CHUNK, left))
+                if not chunk:
+                    raise ConnectionError(f"the connection closed {size - left} of {size} bytes into {path!r}")
+                f.write(chunk)
+                left -= len(chunk)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)

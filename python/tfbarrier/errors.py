@@ -83,6 +83,15 @@ class PortClashError(WorkerError):
         super().__init__(message, **fields)
 
 
+class DriverUnreachableError(WorkerError):
+    """A task could not fetch the job's files through the driver's link (a firewall between executors
+    and driver?): the driver submits the job again with the files inside it, through Spark."""
+
+    def __init__(self, message, **fields):
+        fields["retryable"] = True
+        super().__init__(message, **fields)
+
+
 def class_names(error):
     """The tfbarrier classes of ``error``, most specific first (former names after the current one);
     empty for other exceptions. R's conditions carry these names in their class vector."""

@@ -3,7 +3,7 @@
 In the task: the partition (or the task's slices of a plain Parquet scan) is streamed to the shard
 file, and every worker must have rows. In the training process: the strategy, the model built in its
 scope, the streaming tf.data pipeline of the shard, tfbarrier's callbacks (progress heartbeat, epoch
-log, BackupAndRestore, TensorBoard) and the user's, then ``model.fit``.
+log, checkpoints, TensorBoard) and the user's, then ``model.fit``.
 """
 
 import dataclasses
@@ -17,11 +17,14 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import communication, evaluation, pacing, parquet_source, protocol, rendezvous, saving, shards, validation
+from . import communication, evaluation, memory, pacing, parquet_source, protocol, rendezvous, saving, shards, validation
 from .errors import ColumnError, InvalidArgumentError
 from .job import Job, port_clash_is_retryable
-from .model_spec import save_archive, weights_checksum
+from .model_spec import write_weights
 from .results import ProcessReport
+
+TRAINED_WEIGHTS_FILE = "trained.safetensors"  # the chief's trained weights (a model object's)
+TRAINED_ARCHIVE_FILE = "trained.keras"  # the chief's trained model (a model function's)
 
 VALIDATION_COLUMN = "__tfbarrier_validation"  # with validation_data: True for its rows in the stage's frame
 
@@ -38,10 +41,12 @@ class FitJob(Job):
     batch_size: int = 32  # global batch size, split evenly across workers
     steps_per_epoch: int = None  # None: one pass over all rows per epoch
     seed: int = None
+    data_seed: int = None  # shuffles each shard, the same on every attempt (fit draws one when seed is None)
     shuffle: bool = True
     shuffle_buffer: int = None  # rows; None: shards.SHUFFLE_BUFFER_ROWS, at most SHUFFLE_BUFFER_BYTES of them
-    callbacks: bytes = None  # cloudpickled function returning a list of tf.keras callbacks
-    checkpoint_dir: str = None  # BackupAndRestore state and the epoch log, shared by every worker
+    callbacks: object = None  # transfer.Payload: the cloudpickled function returning a list of tf.keras callbacks
+    checkpoint_dir: str = None  # the training state (checkpoints.py) and the epoch log, shared by every worker
+    checkpoint_every: tuple = None  # ("steps", n) or ("seconds", s): save within epochs too (checkpoints.py)
     tensorboard_dir: str = None  # the chief's TensorBoard logs
     validation_column: bool = False  # the partitions carry VALIDATION_COLUMN: validation_data's rows
     validation_split: float = None  # the fraction of each partition held out for validation
@@ -52,6 +57,7 @@ class FitJob(Job):
     save_mode: str = "min"  # ... "min" or "max"
     steps_per_execution: object = "auto"  # steps per call into TensorFlow: "auto", n, or None (as compiled)
     communication: dict = None  # how gradients travel: CommunicationOptions' arguments, compression (communication.py)
+    memory_check: bool = True  # refuse to train when the host cannot hold what the model needs (memory.py)
 
     @property
     def validates(self):
@@ -104,7 +110,7 @@ class FitJob(Job):
 
     # ---- in the training process ----
     def execute(self, tf, config, channel):
-        index = config["tf_config"]["task"]["index"]
+        index, workdir = config["tf_config"]["task"]["index"], config["workdir"]
         shard = shards.Shard.open(config["shard"], config["rows"])
         timings = {}
         started = time.time()
@@ -115,10 +121,11 @@ class FitJob(Job):
             import tf_keras
 
             tf_keras.utils.set_random_seed(self.seed)
+        tensorflow_mb, _ = _resident_mb()
         with strategy.scope():
-            model = self.model.build()
+            model = self.model.build(workdir, strategy)
             communication.compress_gradients(model, self.communication)
-            pacer = pacing.resolve(model, self.steps_per_execution)
+            pacer = pacing.resolve(model, self.steps_per_execution, most=self._steps_between_checkpoints())
         if model.distribute_reduction_method == "auto":
             # A step's metric results are already reduced across workers (tf_keras reads them in a
             # merge_call); "auto" would add up every replica's identical copy, at two all-reduces per step.
@@ -126,14 +133,24 @@ class FitJob(Job):
         input_shape = tuple(model.input_shape[1:])
         _check_input(shard, input_shape)
         baseline_mb, _ = _resident_mb()
-        seed = None if self.seed is None else self.seed + index
+        if self.memory_check:
+            batch = memory.batch_bytes(self.batch_size, len(config["tf_config"]["cluster"]["worker"]), input_shape)
+            memory.check_on_host(memory.ModelSize.of(model), batch, config["workers_on_host"],
+                                 int((baseline_mb - tensorflow_mb) * 2**20))
+        from .checkpoints import resume_point, start_of
+
+        resume = resume_point(self.checkpoint_dir)  # the data pipeline starts where it left off
+        batch_rows = self.batch_size // len(config["tf_config"]["cluster"]["worker"])
         dataset = strategy.distribute_datasets_from_function(
-            shards.dataset_fn(shard, input_shape, self.batch_size, seed, self.shuffle, self.shuffle_buffer,
-                              self.class_weight)
+            shards.dataset_fn(shard, input_shape, self.batch_size, self.data_seed + index, self.shuffle,
+                              self.shuffle_buffer, self.class_weight,
+                              skip_rows=resume["steps_done"] * batch_rows if resume else 0)
         )
         validation = self._validation(tf, strategy, config, input_shape, shard)
         timings["strategy_and_model"] = time.time() - started
-        progress, epoch_log, saver, callbacks = _callbacks(channel, self, is_chief=index == 0, validation=validation)
+        progress, epoch_log, saver, saves, callbacks = _callbacks(
+            channel, self, workdir, index, validation=validation, resume=resume, batch_rows=batch_rows,
+            steps_per_epoch=config["steps_per_epoch"])
         if pacer is not None:
             callbacks.insert(0, pacer)
         started = time.time()
@@ -145,28 +162,50 @@ class FitJob(Job):
         timings["training"] = time.time() - started
         if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
             timings["first_step"] = progress.first_step_at - started
-        weights = model.get_weights()
+        started = time.time()
+        files, checksum = self._write_trained(model, workdir, index == 0)
+        timings["trained_model_written"] = time.time() - started
         finished_at, (_, peak_mb) = time.time(), _resident_mb()
         output = {}
         if index == 0:
             output["history"] = _history(epoch_log.epochs)
-            output["weights"] = weights
             if len(epoch_log.epochs) < self.epochs:  # a callback (EarlyStopping...) stopped the training
                 output["stopped_epoch"] = len(epoch_log.epochs) - 1
             if saver is not None:
                 output["saved"] = [{"epoch": epoch, "path": os.path.join(self.save_to, name)}
                                    for epoch, name in saver.saved()]
-        if self.model.flavor == "function":
-            # Every worker saves (variable reads may be collective); only the chief's archive is kept.
-            archive = save_archive(model)
-            if index == 0:
-                output["archive"] = archive
+        if saves is not None:
+            timings["checkpoints"] = saves.save_seconds
         return ProcessReport(
-            timings=timings, python_prefix=sys.prefix, steps=progress.steps, checksum=weights_checksum(weights),
-            memory={"baseline_mb": baseline_mb, "peak_mb": peak_mb}, first_step_at=progress.first_step_at,
-            finished_at=finished_at, initial_epoch=epoch_log.initial_epoch or 0, output=output,
+            timings=timings, python_prefix=sys.prefix, steps=progress.steps, checksum=checksum,
+            memory={"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb, "peak_mb": peak_mb},
+            first_step_at=progress.first_step_at, finished_at=finished_at,
+            initial_epoch=epoch_log.initial_epoch or 0, output=output, files=files,
+            resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, config["steps_per_epoch"])),
+                                       steps_done=resume["steps_done"]),
+            checkpoint_saves=saves and saves.saves,
             steps_per_execution=int(model.steps_per_execution.numpy()), communication=self.communication or {},
         )
+
+    def _steps_between_checkpoints(self):
+        """The most steps a call into TensorFlow may run: a checkpoint comes at a call's end."""
+        if self.checkpoint_every and self.checkpoint_every[0] == "steps":
+            return min(pacing.MAX_STEPS, self.checkpoint_every[1])
+        return pacing.MAX_STEPS
+
+    def _write_trained(self, model, workdir, is_chief):
+        """(the chief's files for the driver, the weights' checksum). Every worker reads its weights, in
+        the same order (a variable synchronized on read is all-reduced when read); the chief writes
+        them: as a weights file for a model object, as a ``.keras`` archive for a model function's."""
+        if self.model.flavor != "function":
+            path = os.path.join(workdir, TRAINED_WEIGHTS_FILE)
+            checksum = write_weights(model.weights, path if is_chief else None)
+            return ({"weights": TRAINED_WEIGHTS_FILE} if is_chief else {}), checksum
+        path = os.path.join(workdir, TRAINED_ARCHIVE_FILE)
+        model.save(path)  # every worker saves: reading the weights may be a collective
+        if not is_chief:
+            os.unlink(path)
+        return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
 
     def _validation(self, tf, strategy, config, input_shape, training):
         """(distributed validation dataset, steps) when the job validates, else None."""
@@ -190,12 +229,17 @@ def _history(epochs):
     return {key: [epoch.get(key) for epoch in epochs] for key in keys}
 
 
-def _callbacks(channel, job, is_chief, validation=None):
+def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None):
     """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
-    step clock and progress heartbeat, the epoch log, the saved models (save_to), and BackupAndRestore
+    step clock and progress heartbeat, the epoch log, the saved models (save_to), and the checkpoints
     when there is a checkpoint directory (after them, so that a resumed attempt finds the epoch it
-    resumes after logged and saved); then the user's."""
+    resumes after logged and saved); then the user's. ``resume``: where this attempt starts
+    (checkpoints.resume_point)."""
     import tf_keras
+
+    is_chief = index == 0
+    resumed_steps = resume["steps_done"] if resume else 0
+    resumed_step_in_epoch = resumed_steps % steps_per_epoch if steps_per_epoch else 0
 
     class Progress(tf_keras.callbacks.Callback):
         """Counts steps, notes the first one, and tells the task (at most once a second) that
@@ -204,10 +248,11 @@ def _callbacks(channel, job, is_chief, validation=None):
         def __init__(self):
             super().__init__()
             self.steps = 0  # steps run by this process
-            self.skipped = 0  # steps of the epochs a resumed run did not have to run again
+            self.skipped = resumed_steps  # steps a resumed run did not have to run again
             self.first_step_at = None
             self._last_sent = 0.0
             self._before_epoch = 0  # steps run by this process before the current epoch
+            self._epoch_start = resumed_step_in_epoch  # the step the current epoch started at in this process
 
         def _send(self, **fields):
             self._last_sent = time.monotonic()
@@ -220,7 +265,7 @@ def _callbacks(channel, job, is_chief, validation=None):
         def on_train_batch_end(self, batch, logs=None):
             # ``batch`` is the epoch's last step run: with steps_per_execution > 1, Keras calls this once
             # per execution, after several steps.
-            self.steps = self._before_epoch + batch + 1
+            self.steps = self._before_epoch + batch + 1 - self._epoch_start
             if self.first_step_at is None:
                 self.first_step_at = time.time()
             if time.monotonic() - self._last_sent >= 1.0:
@@ -228,8 +273,8 @@ def _callbacks(channel, job, is_chief, validation=None):
                 self._send(loss=None if loss is None else float(loss) / self._summed)
 
         def on_epoch_begin(self, epoch, logs=None):
-            if self.steps == 0:
-                self.skipped = epoch * self.params["steps"]
+            if self.steps:
+                self._epoch_start = 0
             self._before_epoch = self.steps
 
         def on_epoch_end(self, epoch, logs=None):
@@ -256,7 +301,7 @@ def _callbacks(channel, job, is_chief, validation=None):
 
     class EpochLog(tf_keras.callbacks.Callback):
         """Per-epoch logs across resumed attempts. The chief keeps them in the checkpoint directory
-        before BackupAndRestore saves the epoch, so the log never lags the checkpoint; on resume,
+        before the epoch's checkpoint is saved, so the log never lags the checkpoint; on resume,
         entries past the restored epoch are dropped."""
 
         def __init__(self):
@@ -288,13 +333,19 @@ def _callbacks(channel, job, is_chief, validation=None):
         callbacks.append(saver)
     if validation is not None:
         callbacks.insert(0, evaluation.validation_callback(*validation, every=job.validation_freq))
+    saves = None
     if job.checkpoint_dir:
-        callbacks.append(tf_keras.callbacks.BackupAndRestore(os.path.join(job.checkpoint_dir, "backup")))
+        from .checkpoints import Checkpoints
+
+        saves = Checkpoints(job.checkpoint_dir, job.checkpoint_every, is_chief, index, resume, batch_rows,
+                            steps_per_epoch)
+        callbacks.append(saves)
     if job.tensorboard_dir and is_chief:
         callbacks.append(tf_keras.callbacks.TensorBoard(job.tensorboard_dir))
     if job.callbacks:
-        callbacks.extend(cloudpickle.loads(job.callbacks)())
-    return progress, epoch_log, saver, callbacks
+        with open(job.callbacks.path(workdir), "rb") as f:
+            callbacks.extend(cloudpickle.load(f)())
+    return progress, epoch_log, saver, saves, callbacks
 
 
 def _replicas_summed_in_batch_logs(model):

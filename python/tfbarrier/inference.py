@@ -1,8 +1,12 @@
 """Distributed inference: score a Spark DataFrame with a Keras model, where the data lives.
 
-The model travels once per job as ``.keras`` archive bytes in a Spark broadcast, is loaded once per
-Spark Python worker (cached across batches and tasks), and scores each Arrow batch in slices of
-``batch_size`` rows. The scoring function is an iterator Arrow UDF: only the feature columns go to
+The model travels as its config and a weights file (model_spec.py) that the driver serves for as
+long as it runs (transfer.session_server): each executor host fetches the file once into its
+temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
+worker rebuilds the model once (cached across batches and tasks), then scores each Arrow batch in
+slices of ``batch_size`` rows. Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``,
+or it cannot listen on its address) or Spark encrypts its traffic (the link does not), the weights go
+in a Spark broadcast. The scoring function is an iterator Arrow UDF: only the feature columns go to
 Python and only the prediction comes back (``mapInArrow`` would ship every input column both ways).
 TensorFlow is imported on the executors only inside the scoring function.
 
@@ -11,21 +15,23 @@ executor's environment, every model load appends a line ``<pid> <model id>`` to 
 """
 
 import collections
+import hashlib
 import os
-import uuid
+import tempfile
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from . import cluster, shards, validation
-from .errors import ColumnError, InvalidArgumentError, ModelError
-from .model_spec import keras_flavor, keras_module, load_archive, save_archive
+from . import cluster, driver_link, shards, transfer, validation
+from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
+from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
 from .results import FitResult
 from .settings import MODEL_LOAD_LOG_ENV
 
 OUTPUTS = ("class", "probabilities", "raw", "features")
 _CACHE_SIZE = 2  # models kept per Python worker
+MODELS_KEPT = 4  # weights files kept per executor host
 _models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
 
 
@@ -101,7 +107,63 @@ def feature_extractor(model, layer):
     return keras_module(keras_flavor(model)).Model(inputs, chosen.output, name=f"{model.name}_{chosen.name}")
 
 
-def _load(model_id, archive, flavor):
+def _scoring_model(spark, model):
+    """What executors rebuild ``model`` from: its flavor, JSON config and weights, the weights served by
+    the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
+    broadcast; and an id naming that model."""
+    flavor, config = keras_flavor(model), model.to_json()
+
+    def write(path):
+        write_weights(model.weights, path)
+
+    source = None
+    if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark):  # else: inside Spark
+        try:
+            files, server = transfer.session_server(cluster.driver_host(spark))
+            source = {"endpoint": server.endpoint, "payload": files.add_file("scoring.safetensors", write)}
+        except OSError:
+            source = None
+    if source is None:
+        with transfer.JobFiles() as scratch:
+            payload = scratch.inline(scratch.add("scoring.safetensors", write))
+        source = {"broadcast": cluster.broadcast(spark, payload.data),
+                  "payload": transfer.Payload(f"{hashlib.sha256(payload.data).hexdigest()[:32]}-scoring.safetensors",
+                                              payload.size)}
+    model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
+    return {"flavor": flavor, "config": config, "id": model_id, **source}
+
+
+def _weights_file(scoring):
+    """This host's copy of the scoring model's weights, fetched from the driver the first time."""
+    directory = os.path.join(tempfile.gettempdir(), f"tfbarrier-models-{os.getuid()}")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, scoring["payload"].name)
+    if os.path.exists(path):
+        os.utime(path)
+        return path
+    if "broadcast" in scoring:
+        partial = f"{path}.part-{os.getpid()}"
+        with open(partial, "wb") as f:
+            f.write(scoring["broadcast"].value)
+        os.replace(partial, path)
+    else:
+        endpoint = scoring["endpoint"]
+        try:
+            driver_link.fetch(endpoint, scoring["payload"].name, path)
+        except OSError as exc:
+            raise ClusterError(
+                f"this executor could not fetch the model from the driver at {endpoint['host']}:{endpoint['port']} "
+                f"({type(exc).__name__}: {exc}): executors must reach the driver on that port, or set "
+                "spark.tfbarrier.driverLink=false to send models through Spark") from None
+    kept = sorted((os.path.join(directory, name) for name in os.listdir(directory) if ".part-" not in name),
+                  key=os.path.getmtime, reverse=True)
+    for old in kept[MODELS_KEPT:]:
+        os.unlink(old)
+    return path
+
+
+def _load(scoring):
+    model_id = scoring["id"]
     if model_id not in _models:
         import tensorflow as tf
         from pyspark import TaskContext
@@ -112,7 +174,9 @@ def _load(model_id, archive, flavor):
                 tf.config.threading.set_intra_op_parallelism_threads(context.cpus())
             except RuntimeError:
                 pass  # TensorFlow already initialised by earlier code in this worker
-        _models[model_id] = load_archive(archive.value, flavor)
+        model = keras_module(scoring["flavor"]).models.model_from_json(scoring["config"])
+        read_weights(_weights_file(scoring), model.weights, lambda variable: [tf_variable(variable)])
+        _models[model_id] = model
         while len(_models) > _CACHE_SIZE:
             _models.popitem(last=False)
         log = os.environ.get(MODEL_LOAD_LOG_ENV)
@@ -153,7 +217,7 @@ def _image_outputs(model, rows, input_shape, batch_size, offset):
                           "filter out the broken images first") from None
 
 
-def _scorer(model_id, archive, flavor, layout, input_shape, output, transform, batch_size):
+def _scorer(scoring, layout, input_shape, output, transform, batch_size):
     """An iterator-of-Arrow-arrays function: struct of the feature columns in, the prediction out."""
 
     def score(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:  # pyspark reads the UDF kind from hints
@@ -161,7 +225,7 @@ def _scorer(model_id, archive, flavor, layout, input_shape, output, transform, b
         offset = 0  # rows of this partition scored so far
         for struct in structs:
             if model is None:
-                model = _load(model_id, archive, flavor)
+                model = _load(scoring)
             batch = pa.RecordBatch.from_struct_array(struct)
             if layout.kind == shards.IMAGE:
                 rows = shards.encoded_images(batch, layout).to_numpy(zero_copy_only=False)
@@ -226,10 +290,9 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         validation.check_input_width(len(layout.features) if layout.kind == shards.COLUMNS else None, input_shape)
     transform = _output_transform(model, output)
     cluster.check_executor_python(data.sparkSession)
-    archive = cluster.broadcast(data.sparkSession, save_archive(model))
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.functions import arrow_udf
 
-    score = _scorer(uuid.uuid4().hex, archive, flavor, layout, input_shape, output, transform, batch_size)
+    score = _scorer(_scoring_model(data.sparkSession, model), layout, input_shape, output, transform, batch_size)
     udf = arrow_udf(score, "long" if output == "class" else "array<float>")
     return data.withColumn(output_col, udf(F.struct(*layout.features)))

@@ -65,9 +65,10 @@ class Job:
 
     # ---- in the training process ----
     def execute(self, tf, config, channel):
-        """Do the work with ``config`` (the protocol's CONFIG message: tf_config, shard, the worker's
-        row counts and what ``agree_steps`` agreed) and return a ProcessReport; ``tf`` is None when
-        TensorFlow is not installed.
+        """Do the work with ``config`` (the protocol's CONFIG message: tf_config, the work directory
+        holding the job's payloads and the shard, the worker's row counts, how many workers share its
+        host and what ``agree_steps`` agreed) and return a ProcessReport, whose ``files`` (written in
+        the work directory) go to the driver; ``tf`` is None when TensorFlow is not installed.
         ``channel`` (a protocol.Channel) goes to the task, for PROGRESS messages."""
         raise NotImplementedError
 
@@ -88,29 +89,42 @@ def _report(started, **fields):
                          finished_at=time.time(), **fields)
 
 
+def load_payload(payload, workdir):
+    """The cloudpickled value of ``payload`` (a transfer.Payload in ``workdir``)."""
+    with open(payload.path(workdir), "rb") as f:
+        return cloudpickle.load(f)
+
+
+VALUE_FILE = "value.pkl"  # run: the chief's return value, cloudpickled
+TABLE_FILE = "table.arrow"  # apply: the frame a worker returned, as an Arrow IPC stream
+
+
 @dataclasses.dataclass
 class RunJob(Job):
     """``run``: call the user's function in every training process; the chief's value comes back."""
 
     needs_tensorflow = False
-    function: bytes = None  # cloudpickled (fn, args, kwargs)
+    function: object = None  # transfer.Payload: cloudpickled (fn, args, kwargs)
 
     def execute(self, tf, config, channel):
-        fn, args, kwargs = cloudpickle.loads(self.function)
+        fn, args, kwargs = load_payload(self.function, config["workdir"])
         started = time.time()
         with port_clash_is_retryable():  # the user's function builds the strategy
             value = fn(*args, **kwargs)
-        chief = config["tf_config"]["task"]["index"] == 0
-        return _report(started, output={"value": cloudpickle.dumps(value)} if chief else {})
+        if config["tf_config"]["task"]["index"] != 0:
+            return _report(started)
+        with open(os.path.join(config["workdir"], VALUE_FILE), "wb") as f:
+            cloudpickle.dump(value, f)
+        return _report(started, files={"value": VALUE_FILE})
 
 
 @dataclasses.dataclass
 class ApplyJob(Job):
-    """``apply``: call the user's function on each task's partition; its frame comes back as Arrow
-    IPC bytes, cast to ``output_schema`` when given."""
+    """``apply``: call the user's function on each task's partition; its frame comes back as an Arrow
+    IPC stream, cast to ``output_schema`` when given."""
 
     needs_tensorflow = False
-    function: bytes = None  # cloudpickled fn(partition, barrier)
+    function: object = None  # transfer.Payload: cloudpickled fn(partition, barrier)
     input_schema: object = None  # pyarrow schema of the partitions
     output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
 
@@ -120,7 +134,7 @@ class ApplyJob(Job):
     def execute(self, tf, config, channel):
         import pyarrow as pa
 
-        fn = cloudpickle.loads(self.function)
+        fn = load_payload(self.function, config["workdir"])
         tf_config = config["tf_config"]
         index = tf_config["task"]["index"]
         barrier = {"address": tf_config["cluster"]["worker"][index], "partition": index,
@@ -128,10 +142,9 @@ class ApplyJob(Job):
         started = time.time()
         frame = fn(shards.read_partition(config["shard"], self.input_schema), barrier)
         table = self._cast(pa.Table.from_pandas(frame, preserve_index=False))
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
+        with pa.ipc.new_stream(os.path.join(config["workdir"], TABLE_FILE), table.schema) as writer:
             writer.write_table(table)
-        return _report(started, output={"table": sink.getvalue().to_pybytes()})
+        return _report(started, files={"table": TABLE_FILE})
 
     def _cast(self, table):
         if self.output_schema is None:

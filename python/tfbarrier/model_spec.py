@@ -1,23 +1,34 @@
-"""The model as bytes: made on the driver, rebuilt inside ``strategy.scope()`` in every worker.
+"""The model as files: made on the driver, rebuilt inside ``strategy.scope()`` in every worker.
 
 A model reaches ``fit`` in one of two forms:
 
 - a compiled Keras model object (Keras 3 or tf_keras): it travels as its JSON config, its compile
-  config and its current weights, and is rebuilt with tf_keras in the worker (``keras_compat``);
-  the trained weights come back into a clone of the user's model, in the user's Keras;
-- a zero-argument function returning a compiled model: it travels cloudpickled and is called in the
-  worker (where ``tf.keras`` is tf_keras); the trained model comes back as a tf_keras ``.keras`` archive.
+  config and a file of its current weights, and is rebuilt with tf_keras in the worker
+  (``keras_compat``); the chief's trained weights come back in a file of the same kind, loaded into a
+  clone of the user's model, in the user's Keras;
+- a zero-argument function returning a compiled model: it travels cloudpickled, as a file, and is
+  called in the worker (where ``tf.keras`` is tf_keras); the trained model comes back as the chief's
+  tf_keras ``.keras`` archive.
+
+The files are transfer.Payloads: they go to the tasks outside Spark (transfer.py). A weights file is in
+the safetensors layout (an 8-byte header length, a JSON header naming each array's dtype, shape and
+byte range, then the raw values), one array per variable in the order of ``model.weights``; it is
+written and read a variable at a time, and read in slices of at most WEIGHTS_CHUNK bytes, so that
+no side holds a second copy of the model.
 
 Nothing here imports TensorFlow at module import time.
 """
 
 import dataclasses
-import hashlib
+import json
 import os
+import struct
 import tempfile
 
 import cloudpickle
+import numpy as np
 
+from . import keras_compat
 from .errors import ModelError
 from .job import pickle_user_code
 
@@ -25,6 +36,13 @@ FUNCTION_HINT = (
     "pass a function that builds and compiles the model instead, e.g. "
     "fit(df, lambda: build_model(), ...)"
 )
+WEIGHTS_FILE = "model.safetensors"  # the model's weights, as the driver sends them
+BUILDER_FILE = "model-function.pkl"  # the model function, cloudpickled
+WEIGHTS_CHUNK = 16 * 2**20  # bytes of a variable read and assigned at a time
+_SAFETENSORS_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+                       "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64", "float16": "F16",
+                       "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
+_NUMPY_DTYPES = {code: name for name, code in _SAFETENSORS_DTYPES.items()}
 
 
 def keras_flavor(model):
@@ -67,45 +85,124 @@ def load_archive(archive, flavor):
         return keras_module(flavor).models.load_model(path)
 
 
-def weights_checksum(weights):
-    """A hex digest of a model's weights, equal on two replicas only if every value is equal."""
+def _dtype_name(variable):
+    return getattr(variable.dtype, "name", variable.dtype)
+
+
+def write_weights(variables, path=None):
+    """Write ``variables`` (Keras 3 or tf_keras) to ``path`` as a weights file (see the module), reading
+    one at a time; returns a hex digest of their values (equal on two replicas only if every value is).
+    ``path`` None: the digest only. Every worker of a fit must read its variables in the same order: a
+    variable synchronized on read (BatchNormalization's moving statistics) is all-reduced when read."""
+    import hashlib
+
+    variables = list(variables)
+    header, offset = {"__metadata__": {"format": "tfbarrier", "order": "model.weights"}}, 0
+    for i, variable in enumerate(variables):
+        dtype, shape = _dtype_name(variable), [int(d) for d in variable.shape]
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise ModelError(f"weight {getattr(variable, 'path', variable.name)} has dtype {dtype}, which tfbarrier "
+                             "cannot ship: " + FUNCTION_HINT)
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[f"{i:05d}"] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writers do
     digest = hashlib.sha256()
-    for w in weights:
-        digest.update(w.tobytes())
+    with open(path or os.devnull, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded)
+        for variable in variables:
+            values = memoryview(np.ascontiguousarray(variable.numpy())).cast("B")
+            digest.update(values)
+            f.write(values)
     return digest.hexdigest()
+
+
+def _read_header(f):
+    (length,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return sorted(header.values(), key=lambda entry: entry["data_offsets"][0]), 8 + length
+
+
+def read_weights(path, variables, writable=lambda variable: [variable]):
+    """Assign the weights file at ``path`` to ``variables`` in order, in slices of at most
+    WEIGHTS_CHUNK bytes (a variable's first dimension is sliced); ``writable(variable)`` gives the
+    tf.Variables to assign to (a distributed variable's local components)."""
+    variables = list(variables)
+    with open(path, "rb") as f:
+        entries, start = _read_header(f)
+        if len(entries) != len(variables):
+            raise ModelError(f"the weights file has {len(entries)} arrays but the model has {len(variables)} "
+                             "weights: the model rebuilt from its config differs from the one passed in; " + FUNCTION_HINT)
+        for variable, entry in zip(variables, entries):
+            shape, dtype = tuple(entry["shape"]), np.dtype(_NUMPY_DTYPES[entry["dtype"]])
+            if tuple(variable.shape) != shape:
+                raise ModelError(f"weight {variable.name} has shape {tuple(variable.shape)} in the rebuilt model but "
+                                 f"{shape} in the model passed in; " + FUNCTION_HINT)
+            f.seek(start + entry["data_offsets"][0])
+            for target in writable(variable):
+                _assign_in_slices(target, f, shape, dtype)
+                f.seek(start + entry["data_offsets"][0])
+
+
+def _assign_in_slices(variable, f, shape, dtype):
+    """Read ``variable``'s values from ``f`` and assign them, at most WEIGHTS_CHUNK bytes at a time."""
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    if not shape or shape[0] * row_bytes <= WEIGHTS_CHUNK:
+        values = np.empty(shape, dtype)
+        f.readinto(memoryview(values).cast("B"))
+        variable.assign(values)
+        return
+    rows = max(1, WEIGHTS_CHUNK // max(1, row_bytes))
+    for first in range(0, shape[0], rows):
+        values = np.empty((min(rows, shape[0] - first), *shape[1:]), dtype)
+        f.readinto(memoryview(values).cast("B"))
+        variable[first:first + len(values)].assign(values)
+
+
+def tf_variable(variable):
+    """The tf.Variable holding a Keras variable's value (Keras 3 wraps one), to assign slices to."""
+    inner = getattr(variable, "value", None)
+    return inner if hasattr(inner, "assign") and hasattr(inner, "__getitem__") and not callable(inner) else variable
 
 
 @dataclasses.dataclass
 class ModelSpec:
-    """Everything a worker needs to rebuild the model. Plain data, pickled into the job."""
+    """Everything a worker needs to rebuild the model: plain data and Payloads, pickled into the job."""
 
     flavor: str  # "keras3" / "tf_keras" for model objects, "function" for a builder function
     model_json: str = None
     compile_config: dict = None
-    weights: list = None
-    builder: bytes = None
+    weights: object = None  # transfer.Payload of WEIGHTS_FILE
+    builder: object = None  # transfer.Payload of BUILDER_FILE
     input_shape: tuple = None  # per-sample input shape, when known on the driver
+    size: object = None  # memory.ModelSize: what the model takes in a worker, when known on the driver
 
     # ---- driver side -------------------------------------------------------------------------
     @classmethod
-    def from_model(cls, model):
+    def from_model(cls, model, files):
+        """The spec of ``model``, its files added to ``files`` (a transfer.JobFiles)."""
         flavor = keras_flavor(model)
         if flavor is not None:
-            return cls._from_keras_object(model, flavor)
+            return cls._from_keras_object(model, flavor, files)
         if callable(model):
             try:
-                return cls(flavor="function", builder=pickle_user_code(model, model))
+                builder = pickle_user_code(model, model)
             except Exception as exc:
                 raise ModelError(
                     f"the model function cannot be pickled ({type(exc).__name__}: {exc}); define it at "
                     "module level or in __main__, without references to open files, sessions or locks"
                 ) from exc
+            return cls(flavor="function", builder=files.add_bytes(BUILDER_FILE, builder))
         raise ModelError(
             f"model must be a compiled Keras model or a function returning one, got {type(model).__name__}"
         )
 
     @classmethod
-    def _from_keras_object(cls, model, flavor):
+    def _from_keras_object(cls, model, flavor, files):
+        from . import memory
+
         if getattr(model, "optimizer", None) is None:
             raise ModelError(
                 "the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
@@ -118,53 +215,61 @@ class ModelSpec:
                 + FUNCTION_HINT
             )
         try:
-            spec = cls(
-                flavor=flavor,
-                model_json=model.to_json(),
-                compile_config=model.get_compile_config(),
-                weights=model.get_weights(),
-                input_shape=tuple(input_shape[1:]),
-            )
+            model_json, compile_config = model.to_json(), model.get_compile_config()
         except Exception as exc:
             raise ModelError(
                 f"the model cannot be serialised through its config ({type(exc).__name__}: {exc}); "
                 "subclassed models and custom layers cannot travel as a config: " + FUNCTION_HINT
             ) from exc
-        return spec
+        return cls(flavor=flavor, model_json=model_json, compile_config=compile_config,
+                   weights=files.add(WEIGHTS_FILE, lambda path: write_weights(model.weights, path)),
+                   input_shape=tuple(input_shape[1:]), size=memory.ModelSize.of(model))
 
     def check_loadable(self):
         """Build the worker's tf_keras model once on the driver, so an untranslatable model fails
-        here instead of in every task. Skipped where tf_keras is not installed on the driver."""
+        here instead of in every task. It is built in a graph of its own, which allocates no weights.
+        Skipped where tf_keras is not installed on the driver."""
         if self.flavor == "function":
             return
         try:
+            import tensorflow as tf
             import tf_keras  # noqa: F401
         except ImportError:
             return
+        logger, level = tf.get_logger(), tf.get_logger().level
+        logger.setLevel("ERROR")  # graph mode's deprecation notices
         try:
-            self._build_from_config()
+            with tf.Graph().as_default():
+                self._model_from_config()
+            keras_compat.compile_kwargs(self.compile_config)
         except Exception as exc:
             raise ModelError(
                 f"the model's config cannot be loaded by tf_keras, which trains it on the workers "
                 f"({type(exc).__name__}: {exc}); " + FUNCTION_HINT
             ) from exc
+        finally:
+            logger.setLevel(level)
 
-    def trained_model(self, original, weights, archive):
-        """The trained model on the driver: a clone of ``original`` with the trained weights (same
-        Keras as the user's), or the tf_keras model loaded from the chief's archive."""
+    def trained_model(self, original, path):
+        """The trained model on the driver from the chief's file at ``path``: a clone of ``original``
+        with the trained weights (same Keras as the user's), or the tf_keras model of the chief's
+        archive (a model function)."""
         if self.flavor == "function":
-            return load_archive(archive, "tf_keras")
+            return keras_module("tf_keras").models.load_model(path)
         keras = keras_module(self.flavor)
         model = keras.models.clone_model(original)
-        model.set_weights(weights)
+        read_weights(path, model.weights, lambda variable: [tf_variable(variable)])
         model.compile_from_config(original.get_compile_config())
         return model
 
     # ---- worker side (inside strategy.scope(), TF_USE_LEGACY_KERAS=1) -----------------------
-    def build(self):
-        """A compiled tf_keras model with the driver's initial weights (or the function's model)."""
+    def build(self, workdir, strategy=None):
+        """A compiled tf_keras model with the driver's initial weights (or the function's model); the
+        payloads are in ``workdir``. ``strategy``: the distribution strategy whose local copies of each
+        variable get the weights."""
         if self.flavor == "function":
-            model = cloudpickle.loads(self.builder)()
+            with open(self.builder.path(workdir), "rb") as f:
+                model = cloudpickle.load(f)()
             if getattr(model, "optimizer", None) is None:
                 raise ModelError("the model function returned an uncompiled model: compile it before returning")
             if keras_flavor(model) != "tf_keras":
@@ -174,20 +279,20 @@ class ModelSpec:
                 )
             return model
         model = self._build_from_config()
-        model.set_weights(self.weights)
+        local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
+        read_weights(self.weights.path(workdir), model.weights, local)
         return model
 
     def _build_from_config(self):
-        import json
-
-        import tf_keras
-
-        from . import keras_compat
-
-        config = keras_compat.to_tf_keras(json.loads(self.model_json))
-        model = tf_keras.models.model_from_json(json.dumps(config))
+        model = self._model_from_config()
         model.compile(**keras_compat.compile_kwargs(self.compile_config))
         return model
+
+    def _model_from_config(self):
+        import tf_keras
+
+        config = keras_compat.to_tf_keras(json.loads(self.model_json))
+        return tf_keras.models.model_from_json(json.dumps(config))
 
     def rebuilt_in_users_keras(self):
         """The model in the user's Keras (Keras 3 or tf_keras) from its config, compiled as the user

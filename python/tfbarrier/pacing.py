@@ -15,6 +15,7 @@ all decide from the same numbers.
 """
 
 import time
+import weakref
 
 TARGET_SECONDS = 0.5  # how long one call should last
 MAX_STEPS = 100  # beyond this a call saves nothing more (the per-call overhead is already amortized)
@@ -22,15 +23,16 @@ WARMUP_CALLS = 2  # the first calls trace the training function
 MEASURED_CALLS = 8
 
 
-def count_for(step_seconds, steps_per_epoch):
-    """The steps per call for the slowest worker's ``step_seconds`` (one step per call)."""
-    return max(1, min(MAX_STEPS, steps_per_epoch, int(TARGET_SECONDS / max(step_seconds, 1e-6))))
+def count_for(step_seconds, steps_per_epoch, most=MAX_STEPS):
+    """The steps per call for the slowest worker's ``step_seconds`` (one step per call), at most ``most``."""
+    return max(1, min(most, steps_per_epoch, int(TARGET_SECONDS / max(step_seconds, 1e-6))))
 
 
-def resolve(model, steps_per_execution):
+def resolve(model, steps_per_execution, most=MAX_STEPS):
     """Set the model's steps per call before ``fit`` from fit's argument, and return the callback that
-    tunes it ("auto" on a model compiled with Keras's default of 1), else None. ``None`` keeps what the
-    model was compiled with; a number fixes it."""
+    tunes it ("auto" on a model compiled with Keras's default of 1; at most ``most`` steps per call: a
+    checkpoint is saved at a call's end), else None. ``None`` keeps what the model was compiled with; a
+    number fixes it."""
     if steps_per_execution is None:
         return None
     if steps_per_execution != "auto":
@@ -38,7 +40,7 @@ def resolve(model, steps_per_execution):
         return None
     if int(model.steps_per_execution.numpy()) != 1:  # the user's own compile(steps_per_execution=n)
         return None
-    return auto_callback()
+    return auto_callback(most)
 
 
 def set_count(model, count):
@@ -89,10 +91,31 @@ def looping_train_function(model):
     return tf.function(train_function, reduce_retracing=True)
 
 
-def auto_callback():
+_gatherers = weakref.WeakKeyDictionary()  # strategy -> its traced all-reduce for everyones()
+
+
+def everyones(model, value):
+    """Every replica's ``value`` (a number), the same list on each worker: one all-reduce, in which each
+    replica fills only its own slot (see the module). Every worker must call it at the same point."""
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    if strategy not in _gatherers:
+        replicas = strategy.num_replicas_in_sync
+
+        def mine(value):
+            context = tf.distribute.get_replica_context()
+            slot = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float32) * value
+            return context.all_reduce(tf.distribute.ReduceOp.SUM, slot)
+
+        _gatherers[strategy] = tf.function(lambda value: strategy.run(mine, args=(value,)))
+    everyone = _gatherers[strategy](tf.constant(value, tf.float32))
+    return strategy.experimental_local_results(everyone)[0].numpy().tolist()
+
+
+def auto_callback(most=MAX_STEPS):
     """The Keras callback that measures the first calls and sets the agreed count (see the module)."""
     import numpy as np
-    import tensorflow as tf
     import tf_keras
 
     class AutoStepsPerExecution(tf_keras.callbacks.Callback):
@@ -112,26 +135,13 @@ def auto_callback():
                 self.durations.append(now - self._last_end)  # the call, and every callback's batch hooks
             self._last_end = now
             if len(self.durations) == MEASURED_CALLS:  # at the same call on every worker
-                slowest = max(self._everyones(float(np.median(self.durations))))
-                count = count_for(slowest, self.params["steps"] or MAX_STEPS)
+                slowest = max(everyones(self.model, float(np.median(self.durations))))
+                count = count_for(slowest, self.params["steps"] or MAX_STEPS, most)
                 if count > 1:
                     # Keras built a one-step training function (the count was 1 as fit started); fit
                     # looks its training function up on every call, so the looping one takes over here,
                     # traced only by fits that run this long.
                     set_count(self.model, count)
                 self.decided = True
-
-        def _everyones(self, seconds):
-            """Every replica's ``seconds``, the same list on each worker (one all-reduce, see the module)."""
-            strategy = self.model.distribute_strategy
-            replicas = strategy.num_replicas_in_sync
-
-            def mine():
-                context = tf.distribute.get_replica_context()
-                slot = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float32) * seconds
-                return context.all_reduce(tf.distribute.ReduceOp.SUM, slot)
-
-            everyone = tf.function(lambda: strategy.run(mine))()
-            return strategy.experimental_local_results(everyone)[0].numpy().tolist()
 
     return AutoStepsPerExecution()

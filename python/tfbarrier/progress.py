@@ -66,8 +66,10 @@ class ProgressDisplay:
 
     def unavailable(self, why):
         if self.verbose:
-            warnings.warn(f"no progress can reach the driver: {why}. The job runs without live progress, and its "
-                          "tasks meet through Spark's allGather", ProgressUnavailableWarning, stacklevel=4)
+            warnings.warn(f"no progress can reach the driver: {why}. The job runs without live progress, its "
+                          "tasks meet through Spark's allGather, and its files (the model's weights) travel through "
+                          "Spark: the driver's JVM needs room for them (spark.driver.memory)",
+                          ProgressUnavailableWarning, stacklevel=4)
 
     def close(self, server):
         """End the display of a job whose tasks were to reach ``server`` (a DriverServer; None when the

@@ -17,10 +17,13 @@ class ProcessReport:
     first_step_at: float = None  # the process's clock at its first step (fit; None if a resumed fit had none)
     finished_at: float = None  # ... when its work ended
     initial_epoch: int = 0  # the epoch a resumed fit started from
+    resumed_at: dict = None  # a resumed fit's first epoch and step (within it), and the steps run before it
+    checkpoint_saves: int = None  # checkpoints this process took part in (fit with checkpoint_dir)
     gpus: str = None  # CUDA_VISIBLE_DEVICES as the process read it, before importing TensorFlow
     steps_per_execution: int = None  # training steps per call into TensorFlow (fit)
     communication: dict = None  # the strategy's CommunicationOptions as fit passed them ({}: TensorFlow's defaults)
-    output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns
+    output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns (small)
+    files: dict = dataclasses.field(default_factory=dict)  # what it returns in files: {key: name in the work directory}
 
 
 @dataclasses.dataclass
@@ -41,17 +44,20 @@ class WorkerResult(ProcessReport):
     environment: dict = None  # path, built, seconds; None for the executor's own Python
     warm_start: bool = False  # the process was a spare that had imported TensorFlow already
     rendezvous_via: str = None  # how the peers met: "driver" (its link) or "allGather" (Spark's fallback)
+    transfer: dict = None  # how the job's files came and the process's went: via, bytes and seconds each way
     task_started_at: float = None
+    # files (from ProcessReport): here {key: transfer.Payload}, the file on its way to the driver
 
     PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
               "python_prefix", "warm_start", "checksum", "shard_checksum", "validation_rows", "validation_checksum",
-              "memory", "finished_at", "steps_per_execution", "communication", "timings")
+              "memory", "finished_at", "steps_per_execution", "communication", "transfer", "checkpoint_saves",
+              "timings")
 
     @classmethod
     def of_task(cls, report, timings, **task):
         """The task's own ``task`` fields and ``timings`` joined with its process's ``report``."""
         reported = {f.name: getattr(report, f.name) for f in dataclasses.fields(ProcessReport)}
-        return cls(**{**reported, "timings": {**report.timings, **timings}}, **task)
+        return cls(**{**reported, "timings": {**report.timings, **timings}, **task})
 
     def public(self):
         """The fields of ``FitResult.workers``: plain values R turns into a data.frame row."""
@@ -77,10 +83,17 @@ class FitResult:
               (sys.prefix of its training process), warm_start (True when it trained in a spare
               process its executor kept, TensorFlow already imported), finished_at (its
               clock when training ended), memory (its training process's resident memory in MB:
-              baseline_mb once TensorFlow, the strategy and the model were set up, peak_mb at the end),
-              steps_per_execution and communication (what its training ran with), timings
+              tensorflow_mb once TensorFlow and the strategy were set up, baseline_mb once the model
+              was too, peak_mb at the end), steps_per_execution and communication (what its training
+              ran with), transfer (how the job's files, the model's weights among them, reached it and
+              the trained model left it: via "driver link" or "spark", fetched_bytes, fetch_seconds,
+              sent_bytes, send_seconds), checkpoint_saves (with checkpoint_dir: the saves it took part
+              in), timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
-              succeeded), retryable; initial_epoch for the successful one (> 0 when it resumed)
+              succeeded), retryable; for the successful one initial_epoch (> 0 when it resumed),
+              resumed_at (None, or the epoch and step it resumed at, and the steps run before it) and
+              through_spark (the bytes Spark carried: job_bytes, the job in the tasks' closure, and
+              result_bytes, their results; the model's files go outside Spark, see ``workers``)
     progress: the messages the workers streamed to the driver during the fit (kind, worker,
               sent_at, received_at, ...), as shown live at verbose=1 and 2
     saved:    with save_to, one dict per model the chief saved: epoch (from 1), path; with save_best

@@ -10,6 +10,8 @@ settings) are read where they are checked, in cluster.py and gpus.py.
 WARM_START_CONF = "spark.tfbarrier.warmStart"  # false: no spare training processes (spares.py)
 SPARE_IDLE_CONF = "spark.tfbarrier.spareIdleTimeout"  # seconds an unused spare waits before it exits
 DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"  # false: Parquet goes through Spark (parquet_source.py)
+DRIVER_LINK_CONF = "spark.tfbarrier.driverLink"  # false: no link; models and results go through Spark (transfer.py)
+MEMORY_CHECK_CONF = "spark.tfbarrier.memoryCheck"  # false: no refusal of models that cannot fit (memory.py)
 ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: jobs need allow_unencrypted
 
 # ---- environment variables -----------------------------------------------------------------------
@@ -36,6 +38,7 @@ STOP_GRACE = 5.0  # for a stopped training process to exit after SIGTERM, before
 CANCEL_GRACE = 60  # for an interrupted Spark job's tasks to wind down
 SLOT_WAIT = 15.0  # for executors to register before the slot check gives up
 CONNECT_TIMEOUT = 5.0  # for a task to connect to the driver's link
+TRANSFER_IDLE_TIMEOUT = 120.0  # a file streaming over the driver link with no byte for this long has failed
 LOG_DRAIN = 2.0  # for a closing task to send its training process's last log lines to the driver
 RENDEZVOUS_WAIT = 30.0  # from a rendezvous' first arrival until every task falls back to Spark's allGather
 BUILD_TIMEOUT = 1800  # for one pip run, and for waiting on another task's environment build

@@ -343,12 +343,14 @@ def class_weighted(class_weight):
     return weigh
 
 
-def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffle_buffer=None, class_weight=None):
+def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffle_buffer=None, class_weight=None,
+               skip_rows=0):
     """A function for ``strategy.distribute_datasets_from_function``: this worker's shard, streamed
     (see the module's docstring), repeated without end (every worker runs the agreed number of
     steps, however small its shard) and batched to the per-replica share of the global batch.
     With ``shuffle`` False, rows come in partition order, pass after pass. Elements are (x, y), or
-    (x, y, sample weight) with sample weights or ``class_weight`` ({class: weight})."""
+    (x, y, sample weight) with sample weights or ``class_weight`` ({class: weight}). The stream is the
+    same for the same ``seed``: ``skip_rows`` starts it where a resumed fit left it (checkpoints.py)."""
     import tensorflow as tf
 
     input_shape = tuple(input_shape)
@@ -373,6 +375,8 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
         # The generator only reads: rows are mixed and batched by tf.data's C++, which leaves the GIL to
         # Keras's own Python between steps (a worker held up there holds up every worker's collectives).
         ds = tf.data.Dataset.range(0 if shard.rows == 0 else np.iinfo(np.int64).max).flat_map(one_pass)
+        if skip_rows:
+            ds = ds.skip(skip_rows)
         # Images are decoded after the shuffle.
         return _batched(ds, shard, input_shape, batch, class_weighted(class_weight) if class_weight else None)
 

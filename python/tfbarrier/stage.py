@@ -1,6 +1,7 @@
-"""The barrier stage seen from the driver: open the driver link its tasks report to and meet
-through, submit the stage, cancel it at the deadline, turn its failure back into a tfbarrier error,
-and resubmit it after a retryable failure.
+"""The barrier stage seen from the driver: open the driver link its tasks report to, meet through and
+fetch the job's files from, submit the stage, cancel it at the deadline, turn its failure back into a
+tfbarrier error, and resubmit it after a retryable failure (with the job's files inside it, through
+Spark, when the tasks could not reach the link).
 
 Spark never retries a failed barrier stage, so every retry is a new job submitted from here. The
 job runs in a helper thread in a job group of its own, so that the driver can cancel it when
@@ -8,48 +9,70 @@ job runs in a helper thread in a job group of its own, so that the driver can ca
 """
 
 import dataclasses
+import pickle
 import threading
 import time
 
-from . import cluster, driver_link, errors, progress, protocol, rendezvous, task
-from .errors import JobTimeoutError, PortClashError, WorkerError
+from . import cluster, driver_link, errors, progress, protocol, rendezvous, task, transfer
+from .errors import ClusterError, DriverUnreachableError, JobTimeoutError, PortClashError, WorkerError
 from .settings import CANCEL_GRACE
 
 PORT_CLASH_ATTEMPTS = 3  # port clashes are retried on their own, outside max_retries
 _LOST_TASK_SIGNS = ("ExecutorLostFailure", "Executor lost", "executor lost")
 
 
-def _translate(exc):
+_DRIVER_MEMORY_SIGNS = ("TaskResultLost", "OutOfMemoryError", "Java heap space", "spark.driver.maxResultSize")
+
+
+def _text(exc):
+    """The exception's message; a Py4J error whose JVM side cannot be asked any more has none."""
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - what Python itself shows as <exception str() failed>
+        return ""
+
+
+def _translate(exc, spark):
     """The tfbarrier error a failed job carries, a ClusterError for Python workers without tfbarrier's
-    packages, a retryable WorkerError for a lost executor, or the original exception."""
-    text = str(exc)
+    packages or for a driver whose JVM failed, a retryable WorkerError for a lost executor, or the
+    original exception."""
+    text = _text(exc)
     error = errors.decode(text)
     if error is not None:
         return error
     missing = cluster.missing_module_error(text)  # a Python worker without tfbarrier's packages
     if missing is not None:
         return missing
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if not cluster.context_alive(spark):
+        return ClusterError(
+            f"Spark's driver stopped during the job ({first or 'no message: its JVM is gone'}): the SparkContext "
+            "is shut down, so start a new SparkSession. If its JVM ran out of memory, give it more "
+            "(spark.driver.memory)")
+    if any(sign in text for sign in _DRIVER_MEMORY_SIGNS):
+        return ClusterError(
+            f"Spark's driver could not hold what the job sent through it ({first}): the tasks' results, or the "
+            "job's files (the model's weights) where the executors cannot reach the driver's link, pass "
+            "through the driver's JVM. Give it more memory (spark.driver.memory, spark.driver.maxResultSize), "
+            "or let the executors reach the driver (spark.tfbarrier.driverLink)")
     if any(sign in text for sign in _LOST_TASK_SIGNS):
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         return WorkerError(f"a Spark executor was lost during training: {first}", retryable=True)
     return exc
 
 
-def run(frame, job, num_workers, verbose=1, global_batch=None, max_retries=0, timeout=None):
+def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retries=0, timeout=None):
     """Run ``job``'s barrier stage over ``frame`` (``num_workers`` partitions) until it succeeds or
-    fails for good, with the driver link open: the tasks' rendezvous and their progress, shown as
-    ``verbose`` says. Returns (WorkerResults in worker order, attempts, the tasks' messages)."""
+    fails for good, with the driver link open: the tasks' rendezvous, their progress, shown as
+    ``verbose`` says, and ``files`` (the job's transfer.JobFiles). Returns (WorkerResults in worker
+    order, attempts, the tasks' messages)."""
     display = progress.ProgressDisplay(verbose, global_batch)
     meeting = rendezvous.DriverRendezvous(num_workers)
-    host = cluster.driver_host(frame.sparkSession)
-    try:
-        server = driver_link.DriverServer(host, on_message=display.show, requests={rendezvous.REQUEST: meeting.answer})
-    except OSError as exc:  # spark.driver.host is not this machine (a remote Connect session): no link
-        server = None
-        display.unavailable(f"the driver cannot listen on {host} ({exc})")
+    server = _open_link(frame.sparkSession, display, meeting, files)
+    if server is None:
+        job = transfer.with_payloads_inline(job, files)
     job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose)
     try:
-        results, attempts = submit_with_retries(frame, job, max_retries=max_retries, timeout=timeout)
+        results, attempts = submit_with_retries(frame, job, files, display, max_retries=max_retries, timeout=timeout)
     finally:
         meeting.close()
         if server is not None:
@@ -58,8 +81,23 @@ def run(frame, job, num_workers, verbose=1, global_batch=None, max_retries=0, ti
     return results, attempts, server.events if server is not None else []
 
 
+def _open_link(spark, display, meeting, files):
+    """The DriverServer of the job, or None when spark.tfbarrier.driverLink is false or the driver cannot
+    listen on its address (a remote Connect session)."""
+    if not cluster.driver_link_enabled(spark):
+        return None
+    host = cluster.driver_host(spark)
+    try:
+        return driver_link.DriverServer(host, on_message=display.show, requests={rendezvous.REQUEST: meeting.answer},
+                                        files=files)
+    except OSError as exc:  # spark.driver.host is not this machine (a remote Connect session): no link
+        display.unavailable(f"the driver cannot listen on {host} ({exc})")
+        return None
+
+
 def submit(frame, job, deadline=None):
-    """Run the barrier stage once; the tasks' WorkerResults in worker order."""
+    """Run the barrier stage once: (the tasks' WorkerResults in worker order, the bytes Spark carried:
+    the pickled job in the task closure, the results)."""
     spark = frame.sparkSession
     tag = f"tfbarrier-{job.job_id}-{job.attempt}"
     outcome = {}
@@ -85,29 +123,37 @@ def submit(frame, job, deadline=None):
         )
     if "error" in outcome:
         cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE)
-        raise _translate(outcome["error"]) from None
-    return protocol.results_from_rows(outcome["rows"])
+        raise _translate(outcome["error"], spark) from None
+    carried = {"job_bytes": len(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)),
+               "result_bytes": sum(len(row["payload"]) for row in outcome["rows"])}
+    return protocol.results_from_rows(outcome["rows"]), carried
 
 
 def _summary(error):
     return f"{type(error).__name__}: {str(error).splitlines()[0]}"
 
 
-def submit_with_retries(frame, job, max_retries=0, timeout=None):
+def submit_with_retries(frame, job, files, display, max_retries=0, timeout=None):
     """``submit`` until it succeeds, resubmitting after retryable failures (at most ``max_retries``
-    times, port clashes aside). Returns (results, attempts): one dict per attempt."""
+    times, port clashes and an unreachable driver link aside). Returns (results, attempts): one dict
+    per attempt."""
     deadline = None if timeout is None else job.started_at + timeout
     attempts, failures, clashes = [], 0, 0
     while True:
         number = len(attempts) + 1
         try:
-            results = submit(frame, dataclasses.replace(job, attempt=number), deadline)
+            results, carried = submit(frame, dataclasses.replace(job, attempt=number), deadline)
         except JobTimeoutError as error:  # one deadline for every attempt: no retry after it
             attempts.append({"attempt": number, "error": _summary(error), "retryable": False})
             error.attempts = attempts
             raise
         except WorkerError as error:
             attempts.append({"attempt": number, "error": _summary(error), "retryable": error.retryable})
+            if isinstance(error, DriverUnreachableError) and not transfer.all_inline(job):
+                display.unavailable(f"{str(error).splitlines()[0]}; the job runs again with its files inside it, "
+                                    "through Spark")
+                job = transfer.with_payloads_inline(job, files)
+                continue
             if isinstance(error, PortClashError):
                 clashes += 1
                 if clashes < PORT_CLASH_ATTEMPTS:
@@ -117,5 +163,6 @@ def submit_with_retries(frame, job, max_retries=0, timeout=None):
                 continue
             error.attempts = attempts
             raise
-        attempts.append({"attempt": number, "error": None, "initial_epoch": results[0].initial_epoch})
+        attempts.append({"attempt": number, "error": None, "initial_epoch": results[0].initial_epoch,
+                         "resumed_at": results[0].resumed_at, "through_spark": carried})
         return results, attempts

@@ -1,11 +1,13 @@
 """What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
 
 One task: take a spare training process of this executor, which has imported TensorFlow already,
-or start one (it imports TensorFlow while the task writes its shard), write the partition to the
-shard file (``job.write_input``), meet every peer (rendezvous.py, through the driver link), hand
-TF_CONFIG and the agreed steps per epoch to the training process, wait for its report and yield the
-task's WorkerResult to the driver. The work directory and the process are gone when the task ends,
-however it ends; a task that succeeded leaves a spare for the next one (spares.py).
+or start one (it imports TensorFlow while the task writes its shard), fetch the job's files (the
+model's weights: transfer.py) and write the partition to the shard file (``job.write_input``) at the
+same time, meet every peer (rendezvous.py, through the driver link), hand TF_CONFIG and the agreed
+steps per epoch to the training process, wait for its report, send the files it reports (the
+trained weights) to the driver and yield the task's WorkerResult. The work directory and the process
+are gone when the task ends, however it ends; a task that succeeded leaves a spare for the next one
+(spares.py).
 """
 
 import dataclasses
@@ -14,8 +16,8 @@ import shutil
 import tempfile
 import time
 
-from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares
-from .errors import TfBarrierError, WorkerError
+from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares, transfer
+from .errors import DriverUnreachableError, TfBarrierError, WorkerError
 from .launcher import TrainingProcess
 from .results import WorkerResult
 
@@ -57,11 +59,23 @@ def _training_process(job, python, env):
     return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
 
+def _fetch_files(job, link, workdir, index, host):
+    """Start fetching the job's files from the driver (transfer.Fetch); at once a DriverUnreachableError
+    when they must come through a link this task could not open."""
+    needed = [p for p in transfer.payloads_of(job) if p.data is None]
+    if needed and not link.connected:
+        raise DriverUnreachableError(
+            f"worker {index} on {host} could not connect to the driver's link at {job.link['host']}:"
+            f"{job.link['port']} to fetch the job's files", worker=index, host=host)
+    return transfer.Fetch(job, link, workdir)
+
+
 def _run(job, context, batches, workdir, link):
     started = time.time()
     index = context.partitionId()
     host = rendezvous.task_host(context)
     link.event(f"task started on {host} (attempt {job.attempt})")
+    fetching = _fetch_files(job, link, workdir, index, host)
     timings = {}
     if job.tf_threads is None:  # one intra-op thread per CPU Spark gave this task
         job = dataclasses.replace(job, tf_threads=context.cpus())
@@ -86,24 +100,34 @@ def _run(job, context, batches, workdir, link):
         port = process.receive(protocol.PORT, timeout=settings.STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - spawned
         link.event(f"training process ready on port {port}")
+        fetched = fetching.wait(index, host)
+        if fetched["bytes"]:
+            timings["files_fetched"] = time.time() - started
+            link.event(f"{fetched['bytes'] / 2**20:.1f} MB of job files fetched via {fetched['via']} in "
+                       f"{fetched['seconds']:.2f} s")
         gathered = time.time()
         peers, how = rendezvous.gather(context, link, {"host": host, "port": port, **counts}, job.attempt)
         timings["rendezvous"] = time.time() - gathered
         link.event(f"rendezvous: {len(peers)} workers through {how} in {timings['rendezvous']:.3f} s")
         job.check_peers(peers)
         agreed = job.agree_steps(peers)
-        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), shard=shard, **counts, **agreed)
+        process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), workdir=workdir, shard=shard,
+                     workers_on_host=sum(peer["host"] == host for peer in peers), **counts, **agreed)
         forward = lambda message: link.send("progress", **message)  # noqa: E731
         process.receive(protocol.DONE, stall_timeout=job.stall_timeout, on_message=forward)
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
         process.stop(grace=settings.EXIT_GRACE)
     if job.warm_start:
         spares.leave(python, env, idle_timeout=job.warm_start)
+    sending = time.time()
+    files = transfer.send_back(report.files, link, workdir, index)
+    sent = {"sent_bytes": sum(p.size for p in files.values()), "send_seconds": time.time() - sending}
     return WorkerResult.of_task(
         report, timings, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
         rows=written["rows"], shard_checksum=written["checksum"], steps_per_epoch=agreed.get("steps_per_epoch"),
         validation_rows=written.get("validation_rows"), validation_checksum=written.get("validation_checksum"),
-        environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started,
+        environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started, files=files,
+        transfer={"via": fetched["via"], "fetched_bytes": fetched["bytes"], "fetch_seconds": fetched["seconds"], **sent},
     )
 
 

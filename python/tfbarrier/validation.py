@@ -268,6 +268,32 @@ def communication(options):
     return options
 
 
+_SECONDS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
+            "h": 3600, "hour": 3600, "hours": 3600}
+
+
+def checkpoint_every(value, checkpoint_dir):
+    """fit's checkpoint_every: ("steps", n) for a number of steps, ("seconds", s) for a duration such as
+    "90s", "10min" or "2h"; None for epoch ends only."""
+    if value is None:
+        return None
+    if checkpoint_dir is None:
+        raise InvalidArgumentError(f"checkpoint_every={value!r} needs checkpoint_dir=, the directory to save in")
+    if isinstance(value, str):
+        import re
+
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*", value.lower())
+        if match and match.group(2) in _SECONDS and float(match.group(1)) > 0:
+            return "seconds", float(match.group(1)) * _SECONDS[match.group(2)]
+        raise InvalidArgumentError(f"checkpoint_every must be a number of steps or a duration such as '90s', '10min' "
+                                   f"or '2h', got {value!r}")
+    try:
+        return "steps", positive_int("checkpoint_every", value)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(f"checkpoint_every must be a number of steps or a duration such as '90s', "
+                                   f"'10min' or '2h', got {value!r}") from None
+
+
 def save_arguments(save_to, save_best, save_mode, validates):
     """(save_to as a directory, save_best, its mode "min"/"max") for fit's saved models."""
     from .saving import best_mode

@@ -118,6 +118,15 @@ def digits_cnn():
     return slides_cnn((8, 8, 1), learning_rate=0.01)
 
 
+def worker_model(model):
+    """The tf_keras model a training process rebuilds from ``model``: same weights, same compile."""
+    from tfbarrier.model_spec import ModelSpec
+    from tfbarrier.transfer import JobFiles
+
+    with JobFiles() as files:
+        return ModelSpec.from_model(model, files).build(files.directory)
+
+
 def held_out_accuracy(model, held_out):
     x = np.stack(held_out["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
     predicted = np.argmax(model.predict(x, verbose=0), axis=1)

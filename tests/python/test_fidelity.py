@@ -6,10 +6,9 @@ with communication={"compression": "fp16"} the workers sum their gradients as fl
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import partitioned
+from conftest import partitioned, worker_model
 
 import tfbarrier
-from tfbarrier.model_spec import ModelSpec
 
 ROWS_PER_WORKER = 512
 GLOBAL_BATCH = 64
@@ -40,7 +39,7 @@ def test_two_workers_and_one_process_end_with_the_same_weights(spark, digits, sp
     half = GLOBAL_BATCH // 2
     order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
                             for i in range(0, ROWS_PER_WORKER, half)])
-    reference = ModelSpec.from_model(model).build()  # tf_keras, same initial weights and optimizer
+    reference = worker_model(model)  # tf_keras, same initial weights and optimizer
     history = reference.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0).history
 
     assert result.workers[0]["steps"] == 2 * (2 * ROWS_PER_WORKER // GLOBAL_BATCH)

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
+from conftest import worker_model
 
-from tfbarrier.model_spec import ModelSpec
 
 
 def _sequential():
@@ -38,7 +38,7 @@ def test_keras3_model_rebuilds_in_tf_keras_with_identical_predictions(make):
 
     model = make()
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="mse", metrics=["mae"])
-    rebuilt = ModelSpec.from_model(model).build()
+    rebuilt = worker_model(model)
     if make is _recurrent:
         x = np.random.default_rng(0).integers(0, 20, (4, 5))
     else:
@@ -55,6 +55,6 @@ def test_built_in_optimizers_keep_their_settings(optimizer):
 
     model = _functional()
     model.compile(optimizer=getattr(keras.optimizers, optimizer)(learning_rate=0.0123), loss="mse")
-    rebuilt = ModelSpec.from_model(model).build()
+    rebuilt = worker_model(model)
     assert type(rebuilt.optimizer).__name__ == optimizer
     assert float(rebuilt.optimizer.learning_rate) == pytest.approx(0.0123)

@@ -43,3 +43,48 @@ def test_a_640_mb_shard_stays_within_baseline_plus_512_mb(spark, tmp_path):
         assert worker["rows"] == ROWS_PER_SHARD
         memory = worker["memory"]
         assert 0 < memory["baseline_mb"] <= memory["peak_mb"] <= memory["baseline_mb"] + 512, memory
+
+
+def test_a_model_the_executors_cannot_hold_is_refused_before_the_stage_with_the_numbers():
+    from conftest import run_driver
+
+    outcome = run_driver("small_memory_driver.py", "executor")
+    assert outcome["error"] == "ModelError"
+    message = outcome["message"]
+    assert "each training process needs about" in message and "spark.executor.pyspark.memory is 700m" in message
+    assert "weights 80 MB, Adam's slots (2 per weight) 160 MB" in message  # MB of 2**20 bytes
+    assert "raise spark.executor.pyspark.memory" in message and "spark.tfbarrier.memoryCheck=false" in message
+
+
+def test_a_driver_jvm_that_cannot_hold_the_model_fails_in_words_and_the_session_lives_on():
+    """With no driver link the model goes through Spark; 84 MB do not fit a 512 MB driver. The earlier
+    code raised Py4JJavaError with Spark's stack ("TaskResultLost (result lost from block manager)")."""
+    from conftest import run_driver
+
+    outcome = run_driver("small_memory_driver.py", "driver")
+    assert outcome["error"] == "ClusterError", outcome
+    assert "Spark's driver could not hold what the job sent through it" in outcome["message"]
+    assert "spark.driver.memory" in outcome["message"]
+    assert outcome["then"] == {"epochs": 1}
+
+
+def test_what_a_worker_needs_is_checked_against_its_share_of_the_host():
+    import pytest
+
+    from tfbarrier import memory
+    from tfbarrier.errors import ModelError
+
+    available = memory.available_bytes()
+    huge = memory.ModelSize(weights=available, trainable=available, slots=2, optimizer="Adam")
+    with pytest.raises(ModelError, match=r"this host has .* available for the 2 worker\(s\) on it"):
+        memory.check_on_host(huge, batch_bytes=0, workers_on_host=2, already_held=0)
+    small = memory.ModelSize(weights=2**20, trainable=2**20, slots=2, optimizer="Adam")
+    memory.check_on_host(small, batch_bytes=2**20, workers_on_host=2, already_held=2**20)  # no error
+
+
+def test_the_driver_knows_what_a_local_worker_can_have(spark):
+    from tfbarrier import memory
+
+    can_have, why, fix = memory.executor_budget(spark, num_workers=2)
+    assert 0 < can_have <= memory.available_bytes() // 2 * 1.1 and "available for 2 workers" in why
+    assert "num_workers" in fix

@@ -147,15 +147,17 @@ def test_tasks_that_cannot_reach_the_driver_meet_through_allgather(spark):
 
     from tfbarrier import stage
     from tfbarrier.job import RunJob, pickle_user_code
+    from tfbarrier.transfer import Payload
 
     with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task
         closed.bind(("127.0.0.1", 0))
         unreachable = {"host": "127.0.0.1", "port": closed.getsockname()[1], "token": "t"}
     function = pickle_user_code((print_and_return_index, (), {}), print_and_return_index)
-    job = RunJob(function=function, link=unreachable, started_at=time.time())
-    results = stage.submit(spark.range(0, 2, numPartitions=2), job)
+    job = RunJob(function=Payload("function.pkl", len(function), function), link=unreachable, started_at=time.time())
+    results, _ = stage.submit(spark.range(0, 2, numPartitions=2), job)
     assert [r.rendezvous_via for r in results] == ["allGather", "allGather"]
-    assert cloudpickle.loads(results[0].output["value"]) == 0
+    assert [r.transfer["via"] for r in results] == ["spark", "spark"]  # the function came inside the job...
+    assert cloudpickle.loads(results[0].files["value"].data) == 0  # ...and the value inside the result
 
 
 def partition_size(partition, barrier):

@@ -127,3 +127,19 @@ test_that("validation_split, validation_data, class_weight, save_best; val_ colu
   expect_equal(as.data.frame(held)$val_accuracy[2], mean(max.col(probabilities) - 1 == data$held_out$digit),
                tolerance = 1e-6)
 })
+
+test_that("spark_tf_fit checkpoints every few steps and reports how the model reached the workers", {
+  skip_if_no_tfbarrier()
+  data <- digits_split()
+  fit <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
+                      label = "digit", epochs = 1, batch_size = 64, num_workers = 2, seed = 1, verbose = 0,
+                      checkpoint_dir = tempfile("state-"), checkpoint_every = 5, spark = test_spark())
+  steps <- fit$workers$steps_per_epoch[1]
+  expect_equal(fit$workers$files_via, c("driver link", "driver link"))
+  expect_true(all(fit$workers$files_mb > 0))
+  # every 5 steps within the epoch, and at its end
+  expect_equal(fit$python$workers[[1]]$checkpoint_saves, (steps - 1) %/% 5 + 1)
+  expect_error(spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1)), features = "pixels", label = "digit",
+                            checkpoint_dir = tempfile("state-"), checkpoint_every = "soon", spark = test_spark()),
+               "a number of steps or a duration", class = "InvalidArgumentError")
+})

@@ -103,6 +103,20 @@ def kill_first_attempt(worker, epoch):
     return _kill(worker, epoch, first_attempt_only=True)
 
 
+def kill_after_step(worker, epoch, step):
+    """Kill the worker in the first submission, at the end of ``step`` of ``epoch`` (from 0), after
+    tfbarrier's own callbacks (a checkpoint) are done with that step."""
+    def factory():
+        def act(current_epoch, batch):
+            if (os.environ.get("TFBARRIER_ATTEMPT") == "1" and _worker_index() == worker and current_epoch == epoch
+                    and batch == step):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        return [_callback(act)]
+
+    return factory
+
+
 def kill_always(worker, epoch):
     """Kill the worker in every submission of the job: retries cannot help."""
     return _kill(worker, epoch, first_attempt_only=False)
