@@ -20,7 +20,10 @@
 #'   named list, e.g. `list("3" = 5)`), `save_to` (a directory: the chief saves the model there
 #'   after every epoch as a `.keras` archive, `epoch-001.keras`..., listed in `saved`), `save_best` (a
 #'   metric such as `"val_loss"`: only its best epoch, as `best.keras`), `save_mode`, `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
-#'   `callbacks`, `checkpoint_dir`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
+#'   `callbacks`, `checkpoint_dir` (a directory every worker reaches: the training state is saved there at
+#'   each epoch's end, and a fit retried after a failure resumes at the step after the last save),
+#'   `checkpoint_every` (with `checkpoint_dir`, also save every that many steps, or every so long:
+#'   `"10min"`, `"2h"`), `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
 #'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, `env` (a [tf_env()]),
 #'   `steps_per_execution` (training steps per call into TensorFlow: `"auto"` by default, which times
 #'   the first calls and then runs about half a second of steps per call; a number fixes it; `NULL`
@@ -34,7 +37,8 @@
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
 #'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker, with its
 #'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`, and
-#'   the `steps_per_execution` and gradient `compression` it trained with) and
+#'   the `steps_per_execution` and gradient `compression` it trained with, and how the model's files reached
+#'   it: `files_via`, `"driver link"` (outside Spark) or `"spark"`, and `files_mb`) and
 #'   `attempts`, and `stopped_epoch` (the last epoch run, from 0, when a callback such as early stopping
 #'   ended the fit; `NULL` otherwise), and `saved` (with `save_to`: a data.frame of the saved models'
 #'   `epoch` and `path`). It has `print()`, `summary()`, `plot()`, `predict()` and

@@ -11,6 +11,8 @@ new_fit <- function(result, features) {
     row$peak_mb <- w$memory$peak_mb  # ...and at its peak
     row$steps_per_execution <- w$steps_per_execution  # the steps per call it ended with
     row$compression <- if (is.null(w$communication$compression)) "none" else w$communication$compression
+    row$files_via <- w$transfer$via  # how the model's files reached it: "driver link" (outside Spark) or "spark"
+    row$files_mb <- w$transfer$fetched_bytes / 2^20
     row
   }))
   structure(
