@@ -1,0 +1,344 @@
+"""Large models (issue 29): MLPs of 61 M and 300 M parameters (input 1024, two hidden layers, 10
+outputs; 244 MB and 1.2 GB of float32 weights) trained by tfbarrier.fit with 2 workers on local[2], with
+Spark's default driver and executor memory (1 GB heaps), side by side with the floor, round by round:
+
+  floor         one plain tf_keras process that loads the model from a local .keras file and takes
+                one step (global batch 64): time from its start to the step's end
+  fit, cold     tfbarrier.fit in a driver process of its own (a fresh SparkSession, so the training
+                processes import TensorFlow), 256 rows, global batch 64, 4 steps
+  fit, warm     a second fit in the same driver (spare training processes)
+
+Per fit it records: time to first step (from the call), how fast the model's files reached the
+workers (MB/s, fetch) and the trained weights reached the driver; peak resident memory of each
+training process against its TensorFlow baseline (before the model) and of the driver against its
+own before the call (both sampled every 50 ms); the JVM heap's use before and at its peak during the
+fit (the heap pools' peak usage, reset before the call); and checks that the fit trained (weights
+changed), that the workers ended equal, that predict() scores and FitResult.save() writes.
+``--checkpoint`` adds the cost of fit(checkpoint_every=) on the 61 M model's throughput: 16 steps
+with and without a save every 4 steps, interleaved.
+
+    .venv/bin/python bench/large_model_bench.py [--rounds 3] [--models mlp61-sgd mlp61-adam mlp300-sgd]
+        [--checkpoint]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import harness  # noqa: E402
+
+harness.local_spark_env()
+
+INPUT, OUTPUTS, ROWS, BATCH = 1024, 10, 256, 64
+MODELS = {"mlp61-sgd": (7310, "sgd"), "mlp61-adam": (7310, "adam"), "mlp300-sgd": (16810, "sgd")}
+
+
+def build(keras, name):
+    hidden, optimizer = MODELS[name]
+    layers = keras.layers
+    model = keras.Sequential([keras.Input((INPUT,)), layers.Dense(hidden, activation="relu"),
+                              layers.Dense(hidden, activation="relu"), layers.Dense(OUTPUTS)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01) if optimizer == "sgd" else keras.optimizers.Adam(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def data(rows=ROWS):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.random((rows, INPUT), dtype=np.float32), rng.integers(0, OUTPUTS, rows)
+
+
+class Peak:
+    """The peak resident memory (MB) of ``pid`` while it is entered, sampled every 50 ms."""
+
+    def __init__(self, pid):
+        import psutil
+
+        self.process, self.peak = psutil.Process(pid), 0.0
+        self._done = threading.Event()
+
+    def _sample(self):
+        while not self._done.is_set():
+            try:
+                self.peak = max(self.peak, self.process.memory_info().rss / 2**20)
+            except Exception:  # noqa: BLE001 - the process ended
+                return
+            self._done.wait(0.05)
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+
+def resident_mb():
+    """(resident, peak resident) memory of this process in MB."""
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+
+# ---- the floor: python large_model_bench.py floor --model M --file F.keras --clock C ------------------
+
+def floor(args):
+    started = float(args.started)
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tensorflow  # noqa: F401
+    import tf_keras
+
+    tensorflow_mb = resident_mb()[0]
+    model = tf_keras.models.load_model(args.file)
+    x, y = data(BATCH)
+    model.train_on_batch(x, y)
+    first_step = time.time()
+    for _ in range(3):  # the peak of a few steps, as the fits take 4
+        model.train_on_batch(x, y)
+    with open(args.clock, "w") as f:
+        json.dump({"first_step": first_step - started, "growth_mb": resident_mb()[1] - tensorflow_mb}, f)
+    os._exit(0)
+
+
+# ---- tfbarrier: python large_model_bench.py driver --model M --out O [--checkpoint-every N] -----------
+
+def jvm_heap(spark):
+    """(heap used, the heap pools' peak use since the last reset) in MB, and a function resetting the peaks."""
+    jvm = spark.sparkContext._jvm
+    management = jvm.java.lang.management.ManagementFactory
+    pools = [p for p in management.getMemoryPoolMXBeans() if str(p.getType()) == "Heap memory"]
+
+    def read():
+        used = management.getMemoryMXBean().getHeapMemoryUsage().getUsed() / 2**20
+        return used, sum(p.getPeakUsage().getUsed() for p in pools) / 2**20
+
+    def reset():
+        jvm.java.lang.System.gc()
+        for pool in pools:
+            pool.resetPeakUsage()
+
+    return read, reset
+
+
+def driver(args):
+    import hashlib
+
+    import keras
+    import numpy as np
+    import pandas as pd
+    import psutil
+    from pyspark.sql import SparkSession
+
+    import tfbarrier
+
+    spark = (SparkSession.builder.master("local[2]").appName("large-model-bench")
+             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    x, y = data()
+    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y})).repartition(2).cache()
+    df.count()
+    model = build(keras, args.model)
+    weights_before = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights[:2])).hexdigest()
+    jvm = next(c for c in psutil.Process().children(recursive=True) if "java" in c.name())
+    read_heap, reset_heap = jvm_heap(spark)
+    report = {"model": args.model, "parameters": int(model.count_params()),
+              "weights_mb": sum(w.numpy().nbytes for w in model.weights) / 2**20, "fits": []}
+    fit_args = dict(features="x", label="y", batch_size=BATCH, num_workers=2, verbose=0)
+    if args.checkpoint_every is not None:  # 0: checkpoint_dir alone (a save at the epoch's end)
+        fit_args.update(steps_per_epoch=args.steps, checkpoint_dir=tempfile.mkdtemp(prefix="large-bench-ckpt-"),
+                        checkpoint_every=args.checkpoint_every or None)
+    elif args.steps:
+        fit_args.update(steps_per_epoch=args.steps)
+    for _ in range(args.fits):
+        reset_heap()
+        heap_before, _ = read_heap()
+        driver_before = psutil.Process().memory_info().rss / 2**20
+        jvm_before = jvm.memory_info().rss / 2**20
+        with Peak(os.getpid()) as driver_peak, Peak(jvm.pid) as jvm_peak:
+            started = time.time()
+            result = tfbarrier.fit(df, model, **fit_args)
+            seconds = time.time() - started
+        _, heap_peak = read_heap()
+        chief = result.workers[0]
+        report["fits"].append({
+            "time_to_first_step": result.timings["time_to_first_step"], "total": seconds,
+            "timings": result.timings, "worker_timings": [w["timings"] for w in result.workers],
+            "training": result.timings["training"], "steps": chief["steps"],
+            "fetch_mb_s": [w["transfer"]["fetched_bytes"] / 2**20 / max(w["transfer"]["fetch_seconds"], 1e-9)
+                           for w in result.workers],
+            "fetch_seconds": [w["transfer"]["fetch_seconds"] for w in result.workers],
+            "send_mb_s": chief["transfer"]["sent_bytes"] / 2**20 / max(chief["transfer"]["send_seconds"], 1e-9),
+            "via": chief["transfer"]["via"], "warm": [w["warm_start"] for w in result.workers],
+            "workers_memory": [w["memory"] for w in result.workers],
+            "driver_before_mb": driver_before, "driver_peak_mb": driver_peak.peak,
+            "jvm_rss_before_mb": jvm_before, "jvm_rss_peak_mb": jvm_peak.peak,
+            "heap_before_mb": heap_before, "heap_peak_mb": heap_peak,
+            "equal_workers": len({w["checksum"] for w in result.workers}) == 1,
+            "weights_changed": hashlib.sha256(b"".join(w.numpy().tobytes() for w in result.model.weights[:2]))
+            .hexdigest() != weights_before,
+            "saves": chief["checkpoint_saves"],
+        })
+    scored = tfbarrier.predict(df.limit(16), result, features="x").toPandas()
+    report["predicted_rows"] = int(scored["prediction"].notna().sum())
+    with tempfile.TemporaryDirectory() as tmp:
+        report["saved_mb"] = os.path.getsize(result.save(os.path.join(tmp, "m.keras"))) / 2**20
+    with open(args.out, "w") as f:
+        json.dump(report, f)
+    spark.stop()
+
+
+# ---- the benchmark --------------------------------------------------------------------------------
+
+def run_floor(name, keras_file):
+    clock = tempfile.mktemp(suffix=".json")
+    started = time.time()
+    subprocess.run([sys.executable, __file__, "floor", "--model", name, "--file", keras_file, "--clock", clock,
+                    "--started", repr(started)], check=True)
+    with open(clock) as f:
+        result = json.load(f)
+    os.remove(clock)
+    return result
+
+
+def run_driver(name, fits=2, steps=None, checkpoint_every=None):
+    out = tempfile.mktemp(suffix=".json")
+    command = [sys.executable, __file__, "driver", "--model", name, "--out", out, "--fits", str(fits)]
+    if steps:
+        command += ["--steps", str(steps)]
+    if checkpoint_every is not None:
+        command += ["--checkpoint-every", str(checkpoint_every)]
+    subprocess.run(command, check=True)
+    with open(out) as f:
+        result = json.load(f)
+    os.remove(out)
+    return result
+
+
+def keras_files(names, directory):
+    """Each model saved once as a tf_keras .keras file: what the floor loads."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras
+
+    paths = {}
+    for name in names:
+        paths[name] = os.path.join(directory, f"{name}.keras")
+        build(tf_keras, name).save(paths[name])
+    return paths
+
+
+def fmt(values, digits=1):
+    low, mid, high = harness.stats(values)
+    return f"{mid:,.{digits}f} ({low:,.{digits}f}-{high:,.{digits}f})"
+
+
+def model_rows(name, floors, drivers):
+    first = drivers[0]
+    weights = first["weights_mb"]
+    size = {"mlp61-adam": weights * 4, "mlp61-sgd": weights * 2, "mlp300-sgd": weights * 2}[name]  # + slots + grads
+    floor_first = [f["first_step"] for f in floors]
+    rows = []
+    for number, label in enumerate(("cold", "warm")):
+        fits = [d["fits"][number] for d in drivers]
+        first_step = [f["time_to_first_step"] for f in fits]
+        ratio = statistics.median(first_step) / statistics.median(floor_first)
+        growth = [max(m["peak_mb"] - m["tensorflow_mb"] for m in f["workers_memory"]) for f in fits]
+        driver_growth = [f["driver_peak_mb"] - f["driver_before_mb"] for f in fits]
+        heap_growth = [f["heap_peak_mb"] - f["heap_before_mb"] for f in fits]
+        rows.append(
+            f"| {name}, {label} | {first[ 'parameters'] / 1e6:.0f} M, {weights:,.0f} MB | {fmt(first_step)} s | "
+            f"{fmt(floor_first)} s | {ratio:.2f} | {fmt([min(f['fetch_mb_s']) for f in fits], 0)} | "
+            f"{fmt([f['send_mb_s'] for f in fits], 0)} | {fmt(growth, 0)} (limit {1.25 * size:,.0f}; floor "
+            f"{fmt([f['growth_mb'] for f in floors], 0)}) | "
+            f"{fmt(driver_growth, 0)} (limit {2 * weights:,.0f}) | {fmt(heap_growth, 0)} | "
+            f"{all(f['weights_changed'] and f['equal_workers'] for f in fits)} |")
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", nargs="?", default="bench", choices=("bench", "floor", "driver"))
+    parser.add_argument("--model")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--file")
+    parser.add_argument("--clock")
+    parser.add_argument("--started")
+    parser.add_argument("--out")
+    parser.add_argument("--fits", type=int, default=2)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--checkpoint-every", type=int)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--checkpoint", action="store_true")
+    args = parser.parse_args()
+    if args.kind == "floor":
+        return floor(args)
+    if args.kind == "driver":
+        return driver(args)
+    with tempfile.TemporaryDirectory(prefix="large-bench-") as directory:
+        files = keras_files(args.models, directory)
+        floors, drivers = {n: [] for n in args.models}, {n: [] for n in args.models}
+        for number in range(args.rounds):
+            for name in args.models:
+                harness.settle()
+                floors[name].append(run_floor(name, files[name]))
+                harness.settle()
+                drivers[name].append(run_driver(name))
+                print(f"round {number + 1} {name}: floor {floors[name][-1]}, fit "
+                      f"{[f['time_to_first_step'] for f in drivers[name][-1]['fits']]}", flush=True)
+    lines = [
+        "`.venv/bin/python bench/large_model_bench.py --rounds " + str(args.rounds) + "`: 2 workers on local[2], "
+        "Spark's default memory (1 GB heaps), 256 rows of 1024 float32, global batch 64, 4 steps; median "
+        "(min-max) of the rounds. Memory: a training process's peak resident memory above its TensorFlow "
+        "baseline (before the model), against 1.25 x (weights + optimizer slots + gradients) and against the "
+        "floor's own growth over 4 steps (one process, no strategy); the driver's "
+        "peak during the fit above its memory before the call, against 2 x weights; the JVM heap's peak use "
+        "during the fit above its use before it.",
+        "",
+        "| model | parameters, weights | time to first step | floor | ratio | fetch MB/s (slowest worker) | "
+        "trained weights back MB/s | training process growth MB | driver growth MB | JVM heap growth MB | "
+        "trained, replicas equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in args.models:
+        lines += model_rows(name, floors[name], drivers[name])
+    checks = [(name, d["predicted_rows"], d["saved_mb"]) for name in args.models for d in drivers[name][:1]]
+    lines += ["", "predict() and save() after each model's fits: " + "; ".join(
+        f"{name}: {rows} rows scored, a {mb:,.0f} MB .keras archive" for name, rows, mb in checks) + "."]
+    if args.checkpoint:
+        lines += ["", checkpoint_section(args.rounds)]
+    harness.write_section("large-models", "\n".join(lines))
+
+
+def checkpoint_section(rounds, name="mlp61-sgd", steps=16, every=4):
+    """Throughput of 16 steps with and without a checkpoint every 4 steps, interleaved."""
+    runs = {"checkpoint_dir alone": [], f"checkpoint_every={every}": []}
+    for _ in range(rounds):
+        for label, every_steps in (("checkpoint_dir alone", 0), (f"checkpoint_every={every}", every)):
+            harness.settle()
+            fit = run_driver(name, fits=1, steps=steps, checkpoint_every=every_steps)["fits"][0]
+            runs[label].append(fit)
+    base = statistics.median(f["training"] for f in runs["checkpoint_dir alone"])
+    lines = [f"The cost of `checkpoint_every` ({name}, {steps} steps of global batch {BATCH} in one epoch, with "
+             f"`checkpoint_dir`: a save at the epoch's end alone, or also every {every} steps; training seconds, "
+             "median (min-max) of the rounds, and the saves the chief took part in):", "",
+             "| fit | training s | samples/s | / checkpoint_dir alone | saves |", "|---|---|---|---|---|"]
+    for label, fits in runs.items():
+        seconds = [f["training"] for f in fits]
+        lines.append(f"| {label} | {fmt(seconds)} | {steps * BATCH / statistics.median(seconds):,.0f} | "
+                     f"{base / statistics.median(seconds):.2f} | {fits[0]['saves']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
