@@ -6,7 +6,11 @@ import subprocess
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "r-check-summary.sh")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "..", "r-check-summary.sh")
+# Excerpts of a real R CMD check whose tests failed (00check.log with R's "ERROR" on a line of its own,
+# and testthat.Rout.fail), from this project's own check.
+FAILED_CHECK = os.path.join(HERE, "support", "r-check-failed")
 CHECK_LOG = "* checking tests ... OK\n* checking re-building of vignette outputs ... OK\nStatus: OK\n"
 
 
@@ -48,3 +52,18 @@ def test_a_missing_summary_line_or_output_fails_the_run(tmp_path):
 def test_a_check_warning_fails_the_run(tmp_path):
     code, out = summary(tmp_path, rout(), log=CHECK_LOG + "* checking Rd files ... WARNING\n")
     assert code == 1 and "ERROR/WARNING" in out
+
+
+def test_a_real_failed_check_fails_and_names_the_test(tmp_path):
+    import shutil
+
+    check = shutil.copytree(FAILED_CHECK, tmp_path / "tfbarrier.Rcheck")
+    out = subprocess.run(["sh", SCRIPT, str(check)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "testthat: 95 passed, 1 failed, 2 skipped" in out.stdout
+    assert "Failure ('test-fit.R:141'): spark_tf_fit checkpoints every few steps" in out.stdout
+
+
+def test_a_failed_test_fails_the_run_whatever_the_check_log_says(tmp_path):
+    code, out = summary(tmp_path, rout(counts="[ FAIL 2 | WARN 0 | SKIP {n} | PASS 53 ]"))
+    assert code == 1 and "2 R test(s) failed" in out
