@@ -182,7 +182,9 @@ class FitResult:
                    stopped_epoch=chief.output.get("stopped_epoch"), saved=chief.output.get("saved", []))
 
     def __repr__(self):
-        last = ", ".join(f"{k}={v[-1]:.4g}" for k, v in self.history.items() if v)
+        # the latest value of each metric: val_* is None in epochs that did not validate (validation_freq)
+        latest = {k: next((x for x in reversed(v) if x is not None), None) for k, v in self.history.items()}
+        last = ", ".join(f"{k}={v:.4g}" for k, v in latest.items() if v is not None)
         return (
             f"<FitResult: {self.num_workers} workers, {self.epochs} epochs, {last}; "
             f"{self.timings.get('total', float('nan')):.1f} s total>"
