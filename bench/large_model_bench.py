@@ -163,6 +163,8 @@ def driver(args):
         fit_args.update(steps_per_epoch=args.steps)
     for _ in range(args.fits):
         reset_heap()
+        if refused(report, spark, model):
+            break
         heap_before, _ = read_heap()
         driver_before = psutil.Process().memory_info().rss / 2**20
         jvm_before = jvm.memory_info().rss / 2**20
@@ -190,6 +192,10 @@ def driver(args):
             .hexdigest() != weights_before,
             "saves": chief["checkpoint_saves"],
         })
+    if report.get("refused"):
+        with open(args.out, "w") as f:
+            json.dump(report, f)
+        return spark.stop()
     scored = tfbarrier.predict(df.limit(16), result, features="x").toPandas()
     report["predicted_rows"] = int(scored["prediction"].notna().sum())
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,6 +203,20 @@ def driver(args):
     with open(args.out, "w") as f:
         json.dump(report, f)
     spark.stop()
+
+
+def refused(report, spark, model):
+    """Whether fit's check on the driver refuses the model (its workers cannot hold it): then its
+    message is in ``report`` (fit would raise it before the stage)."""
+    from tfbarrier import memory
+    from tfbarrier.errors import ModelError
+
+    try:
+        memory.check_on_driver(spark, memory.ModelSize.of(model), memory.batch_bytes(BATCH, 2, (INPUT,)), 2)
+    except ModelError as exc:
+        report["refused"] = str(exc)
+        return True
+    return False
 
 
 # ---- the benchmark --------------------------------------------------------------------------------
@@ -227,15 +247,20 @@ def run_driver(name, fits=2, steps=None, checkpoint_every=None):
 
 
 def keras_files(names, directory):
-    """Each model saved once as a tf_keras .keras file: what the floor loads."""
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"
-    import tf_keras
-
+    """Each model saved once as a tf_keras .keras file, what the floor loads (each in a process of its
+    own: TensorFlow's allocator keeps what it once held)."""
     paths = {}
     for name in names:
         paths[name] = os.path.join(directory, f"{name}.keras")
-        build(tf_keras, name).save(paths[name])
+        subprocess.run([sys.executable, __file__, "save", "--model", name, "--file", paths[name]], check=True)
     return paths
+
+
+def save(args):
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import tf_keras
+
+    build(tf_keras, args.model).save(args.file)
 
 
 def fmt(values, digits=1):
@@ -246,6 +271,11 @@ def fmt(values, digits=1):
 def model_rows(name, floors, drivers):
     first = drivers[0]
     weights = first["weights_mb"]
+    if first.get("refused"):
+        return [f"| {name} | {first['parameters'] / 1e6:.0f} M, {weights:,.0f} MB | refused before the stage "
+                f"(floor: first step {fmt([f['first_step'] for f in floors])} s, "
+                f"{fmt([f['growth_mb'] for f in floors], 0)} MB above its TensorFlow baseline): "
+                f"{first['refused']} |||||||||"]
     size = {"mlp61-adam": weights * 4, "mlp61-sgd": weights * 2, "mlp300-sgd": weights * 2}[name]  # + slots + grads
     floor_first = [f["first_step"] for f in floors]
     rows = []
@@ -257,7 +287,7 @@ def model_rows(name, floors, drivers):
         driver_growth = [f["driver_peak_mb"] - f["driver_before_mb"] for f in fits]
         heap_growth = [f["heap_peak_mb"] - f["heap_before_mb"] for f in fits]
         rows.append(
-            f"| {name}, {label} | {first[ 'parameters'] / 1e6:.0f} M, {weights:,.0f} MB | {fmt(first_step)} s | "
+            f"| {name}, {label} | {first['parameters'] / 1e6:.0f} M, {weights:,.0f} MB | {fmt(first_step)} s | "
             f"{fmt(floor_first)} s | {ratio:.2f} | {fmt([min(f['fetch_mb_s']) for f in fits], 0)} | "
             f"{fmt([f['send_mb_s'] for f in fits], 0)} | {fmt(growth, 0)} (limit {1.25 * size:,.0f}; floor "
             f"{fmt([f['growth_mb'] for f in floors], 0)}) | "
@@ -268,7 +298,7 @@ def model_rows(name, floors, drivers):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", nargs="?", default="bench", choices=("bench", "floor", "driver"))
+    parser.add_argument("kind", nargs="?", default="bench", choices=("bench", "floor", "driver", "save"))
     parser.add_argument("--model")
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--file")
@@ -285,6 +315,8 @@ def main():
         return floor(args)
     if args.kind == "driver":
         return driver(args)
+    if args.kind == "save":
+        return save(args)
     with tempfile.TemporaryDirectory(prefix="large-bench-") as directory:
         files = keras_files(args.models, directory)
         floors, drivers = {n: [] for n in args.models}, {n: [] for n in args.models}
@@ -312,7 +344,8 @@ def main():
     ]
     for name in args.models:
         lines += model_rows(name, floors[name], drivers[name])
-    checks = [(name, d["predicted_rows"], d["saved_mb"]) for name in args.models for d in drivers[name][:1]]
+    checks = [(name, d["predicted_rows"], d["saved_mb"]) for name in args.models for d in drivers[name][:1]
+              if not d.get("refused")]
     lines += ["", "predict() and save() after each model's fits: " + "; ".join(
         f"{name}: {rows} rows scored, a {mb:,.0f} MB .keras archive" for name, rows, mb in checks) + "."]
     if args.checkpoint:

@@ -4,9 +4,13 @@ end the job (or the machine) mid-way.
 
 A training process holds TensorFlow itself (TENSORFLOW_BYTES, measured on the benchmark machine),
 the model's variables, the optimizer's slots (per trainable weight: none for plain SGD, one with
-momentum, two for Adam...), the gradients, the all-reduce's packed copy of them (MultiWorkerMirrored-
-Strategy concatenates the gradients into packs before reducing them), and a batch. The estimate is
-that sum (``ModelSize.worker_bytes``).
+momentum, two for Adam...), the gradients, a batch, and TensorFlow's working memory: the temporaries
+of building the variables (initializers, MultiWorkerMirroredStrategy's broadcast of initial values)
+and of a step (the all-reduce's packed copies of the gradients...), which TensorFlow's allocator keeps
+once it has them. That last part was measured (bench/large_model_bench.py, an MLP of 61 M parameters:
+a training process's peak 2.6 GB above its TensorFlow baseline with SGD and with Adam, for 233 MB of
+weights; one plain tf_keras process, no strategy, 1.4 GB) and is taken as WORKING_COPIES x the trainable
+weights. The estimate is the sum (``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
 the machine's available memory shared by every worker; with ``spark.executor.pyspark.memory``, that
@@ -24,6 +28,7 @@ from .settings import MEMORY_CHECK_CONF
 
 TENSORFLOW_BYTES = 650 * 2**20  # a training process with TensorFlow, tf_keras and a strategy, before any model
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
+WORKING_COPIES = 9  # TensorFlow's working memory in a training process, in trainable weights (see above)
 MIB = 2**20
 
 
@@ -72,7 +77,8 @@ class ModelSize:
         """What a training process holds, by part, in bytes."""
         return {"TensorFlow": TENSORFLOW_BYTES, "weights": self.weights,
                 f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
-                "gradients": self.trainable, "the all-reduce's copy of them": self.trainable, "a batch": batch_bytes}
+                "gradients": self.trainable, "TensorFlow's working memory": WORKING_COPIES * self.trainable,
+                "a batch": batch_bytes}
 
     def worker_bytes(self, batch_bytes):
         return sum(self.parts(batch_bytes).values())
@@ -83,7 +89,9 @@ class ModelSize:
 
 
 def _gb(value):
-    return f"{value / 2**30:.2f} GB" if value >= 2**30 else f"{value / MIB:.0f} MB"
+    if value >= 2**30:
+        return f"{value / 2**30:.2f} GB"
+    return f"{value / MIB:.0f} MB" if value >= MIB else f"{value / 1024:.0f} KB"
 
 
 def parse_size(text, default_unit="m"):
