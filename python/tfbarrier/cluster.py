@@ -15,6 +15,7 @@ from .settings import (
     DIRECT_PARQUET_CONF,
     DRIVER_LINK_CONF,
     ENCRYPTION_CONFS,
+    EXECUTOR_PYTHON_PROBE_TIMEOUT,
     SLOT_WAIT,
     SPARE_IDLE_CONF,
     SPARE_IDLE_TIMEOUT,
@@ -243,7 +244,8 @@ def check_executor_python(spark):
         return
     probe = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)"
     try:
-        out = subprocess.run([resolved, "-c", probe, *EXECUTOR_MODULES], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([resolved, "-c", probe, *EXECUTOR_MODULES], capture_output=True, text=True,
+                             timeout=EXECUTOR_PYTHON_PROBE_TIMEOUT)
     except OSError as exc:
         raise ClusterError(f"Spark's Python workers run {python!r}, which cannot be started ({exc}): set "
                            f"PYSPARK_PYTHON={sys.executable} before the SparkSession starts") from None

@@ -121,12 +121,15 @@ class TrainingProcess:
     def send(self, event, **fields):
         self.channel.send(event, **fields)
 
-    def receive(self, event, timeout=None, stall_timeout=None, on_message=None):
+    def receive(self, event, timeout=None, stall_timeout=None, on_message=None, armed_by=None, setup_timeout=None):
         """Wait for the message named ``event``; other messages go to ``on_message``. Raises the
         worker's own error if it exits first, and a WorkerStalledError when no message at all
-        (progress included) came for ``stall_timeout`` s."""
+        (progress included) came for ``stall_timeout`` s. With ``armed_by`` (a test of a message), that
+        watchdog starts at the first message it accepts (the first training step); until then
+        ``setup_timeout`` bounds the wait."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        last_message = time.monotonic()
+        last_message = started = time.monotonic()
+        armed = armed_by is None
         while True:
             try:
                 message = self.channel.poll(0.5)
@@ -136,6 +139,7 @@ class TrainingProcess:
             now = time.monotonic()
             if message is not None:
                 last_message = now
+                armed = armed or armed_by(message)
                 if message.get("event") == event:
                     return message
                 if on_message is not None:
@@ -148,7 +152,14 @@ class TrainingProcess:
                     f"worker {self.worker_index} on {self.host} sent no {event!r} within {timeout:.0f} s",
                     worker=self.worker_index, host=self.host, log=self.log_tail(),
                 )
-            if stall_timeout is not None and now - last_message > stall_timeout:
+            if not armed and setup_timeout is not None and now - started > setup_timeout:
+                raise WorkerStalledError(
+                    f"worker {self.worker_index} on {self.host} did not reach its first training step within "
+                    f"{setup_timeout:.0f} s (setting up the strategy and the model, the first trace and step): "
+                    "a stuck collective, or a model whose set-up is really that slow",
+                    worker=self.worker_index, host=self.host, log=self.log_tail(),
+                )
+            if armed and stall_timeout is not None and now - last_message > stall_timeout:
                 raise WorkerStalledError(
                     f"worker {self.worker_index} on {self.host} made no progress for {stall_timeout:.0f} s "
                     "(a stuck collective or a deadlock; if its steps are really this slow, raise stall_timeout)",

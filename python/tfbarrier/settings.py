@@ -29,13 +29,17 @@ WORKON_HOME_ENV = "WORKON_HOME"  # where built environments live by default (env
 TASK_ENV = (TF_CONFIG_ENV, GPUS_ENV, ATTEMPT_ENV)
 
 # ---- timeouts, seconds ---------------------------------------------------------------------------
-STALL_TIMEOUT = 300.0  # fit()'s default: a training process silent this long is declared stuck
+STALL_TIMEOUT = 300.0  # fit()'s default: a training process silent this long past its first step is declared stuck
+# From CONFIG to a training process's first step (strategy, model build, the first trace and collective):
+# stall_timeout counts only from there, as set-up sends nothing; a large model's set-up takes minutes.
+SETUP_TIMEOUT = 900.0
 STARTUP_TIMEOUT = 300  # for a training process to import TensorFlow and report its port
 SPARE_IDLE_TIMEOUT = 600.0  # spark.tfbarrier.spareIdleTimeout's default
 SPARE_HANDOVER = 5.0  # for a spare's keeper to hand its process to the task that connected
 EXIT_GRACE = 30  # for a finished training process to exit before it is killed
 STOP_GRACE = 5.0  # for a stopped training process to exit after SIGTERM, before SIGKILL
 CANCEL_GRACE = 60  # for an interrupted Spark job's tasks to wind down
+EXECUTOR_PYTHON_PROBE_TIMEOUT = 60  # local mode: for the executors' Python to import what tasks need
 SLOT_WAIT = 15.0  # for executors to register before the slot check gives up
 CONNECT_TIMEOUT = 5.0  # for a task to connect to the driver's link
 TRANSFER_IDLE_TIMEOUT = 120.0  # a file streaming over the driver link with no byte for this long has failed

@@ -114,7 +114,11 @@ def _run(job, context, batches, workdir, link):
         process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), workdir=workdir, shard=shard,
                      workers_on_host=sum(peer["host"] == host for peer in peers), **counts, **agreed)
         forward = lambda message: link.send("progress", **message)  # noqa: E731
-        process.receive(protocol.DONE, stall_timeout=job.stall_timeout, on_message=forward)
+        # The stall watchdog counts from the first step: set-up sends nothing and has a budget of its own.
+        stall = job.stall_timeout
+        process.receive(protocol.DONE, stall_timeout=stall, on_message=forward,
+                        armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
+                        setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
         process.stop(grace=settings.EXIT_GRACE)
     if job.warm_start:

@@ -72,6 +72,15 @@ def test_a_slow_but_healthy_fit_outlives_a_short_stall_timeout(digits_df):
     assert result.timings["training"] > 3 * 8
 
 
+def test_the_stall_watchdog_counts_from_the_first_step(digits_df):
+    """Set-up sends nothing (strategy, model build, first trace): the watchdog used to count from CONFIG,
+    so a set-up longer than stall_timeout on a loaded machine failed a healthy fit (the slow-but-healthy
+    test's flake). A callback factory that takes 12 s stands in for a slow set-up."""
+    result = fit(digits_df, epochs=1, steps_per_epoch=4, callbacks=faults.slow_setup(12), stall_timeout=8,
+                 verbose=0)
+    assert [w["steps"] for w in result.workers] == [4, 4]
+
+
 def test_the_stall_watchdog_waits_out_the_end_of_a_fit(digits_df):
     """After the last step, fit can take longer than stall_timeout to return: tf_keras deletes its data
     iterator, which waits for a tf.data thread, seconds and longer the longer the fit ran (it made the

@@ -70,6 +70,17 @@ def slow_steps(seconds, worker=None):
     return factory
 
 
+def slow_setup(seconds):
+    """Every worker's set-up (before its first step) takes ``seconds`` more, as a large model's build,
+    weights and first trace do on a loaded machine."""
+
+    def factory():
+        time.sleep(seconds)
+        return []
+
+    return factory
+
+
 def slow_train_end(seconds):
     """Every worker's fit takes ``seconds`` to return after its last step, as when tf_keras's deletion of
     its data iterator waits for a tf.data thread."""
