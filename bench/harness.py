@@ -5,6 +5,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import time
 from datetime import date
 
@@ -25,8 +26,6 @@ def local_spark_env():
 def worktree(ref):
     """The Python sources (``python/``) of git revision ``ref``, checked out under build/: how a
     benchmark runs an older tfbarrier next to this one (put it first on PYTHONPATH)."""
-    import subprocess
-
     path = os.path.join(ROOT, "build", f"worktree-{ref}")
     if not os.path.exists(path):
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, ref], check=True,
@@ -84,10 +83,19 @@ def machine():
             f"pyarrow {pyarrow.__version__}")
 
 
+def revision():
+    """The commit measured, with "+ changes" when its code (the package, the benchmarks) differs from it."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    changed = git("status", "--porcelain", "--", "python", "bench/*.py")
+    return git("rev-parse", "--short", "HEAD") + (" + changes" if changed else "")
+
+
 def write_section(name, body):
     """Replace (or append) the section between the markers for ``name`` in bench/README.md."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    section = f"{begin}\n{body.strip()}\n\n_Run on {date.today()}: {machine()}._\n{end}"
+    section = f"{begin}\n{body.strip()}\n\n_Run on {date.today()} at {revision()}: {machine()}._\n{end}"
     text = open(README).read() if os.path.exists(README) else "# Benchmarks\n"
     if begin in text:
         text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)
