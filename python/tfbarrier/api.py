@@ -7,7 +7,7 @@ import time
 
 import cloudpickle
 
-from . import cluster, gpus, memory, parquet_source, stage, transfer, validation
+from . import checks, cluster, gpus, memory, parquet_source, stage, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .fit_job import VALIDATION_COLUMN, FitJob
@@ -31,8 +31,8 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     frame = data.select(*layout.columns)
     partitions = cluster.num_partitions(frame)
     source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
-    profile = source.profile if source else validation.profile(frame, layout)
-    validation.check_profile(profile, layout, num_workers, input_shape)
+    profile = source.profile if source else checks.profile(frame, layout)
+    checks.check_profile(profile, layout, num_workers, input_shape)
     if source:
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
     keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
@@ -49,7 +49,7 @@ def _with_validation_rows(frame, keep, validation_data, layout, num_workers, inp
     from pyspark.sql import functions as F
 
     held = validation_data.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
-    validation.check_profile(validation.profile(held, layout), layout, 1, input_shape, what="validation_data")
+    checks.check_profile(checks.profile(held, layout), layout, 1, input_shape, what="validation_data")
     keys = cluster.partition_keys(frame.sparkSession, num_workers)
     placed = [cluster.with_partition_key(part, PARTITION_KEY, keys, kept).withColumn(VALIDATION_COLUMN, F.lit(flag))
               for part, kept, flag in ((frame, keep, False),
@@ -66,6 +66,18 @@ def _python_env(spark, env):
     if env.archive:
         cluster.add_archive(spark, env.archive)
     return env
+
+
+def _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted):
+    """What every job asks of the cluster before its stage: its Python environment (an archive is
+    shipped), the GPU plan, encryption, the executors' Python and ``num_workers`` free slots.
+    Returns (env, the GPU plan, GPUs per worker)."""
+    env = _python_env(spark, env)
+    gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
+    cluster.check_encryption(spark, allow_unencrypted)
+    cluster.check_executor_python(spark)
+    cluster.check_barrier_capacity(spark, num_workers)
+    return env, gpu_plan, gpus_per_worker
 
 
 def _spark_session(spark):
@@ -208,43 +220,39 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     FitResult
     """
     started = time.time()
-    validation.no_unknown_arguments("fit", unknown, fit)
-    data = validation.spark_dataframe(data)
-    num_workers = validation.positive_int("num_workers", num_workers)
-    epochs = validation.positive_int("epochs", epochs)
-    batch_size = validation.positive_int("batch_size", batch_size)
-    steps_per_epoch = validation.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
-    steps_per_execution = validation.steps_per_execution(steps_per_execution)
-    communication = validation.communication(communication)
-    shuffle_buffer = validation.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True)
-    tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
-    max_retries = validation.non_negative_int("max_retries", max_retries)
-    timeout = validation.positive_seconds("timeout", timeout)
-    stall_timeout = validation.positive_seconds("stall_timeout", stall_timeout)
+    checks.no_unknown_arguments("fit", unknown, fit)
+    data = checks.spark_dataframe(data)
+    num_workers = checks.positive_int("num_workers", num_workers)
+    epochs = checks.positive_int("epochs", epochs)
+    batch_size = checks.positive_int("batch_size", batch_size)
+    steps_per_epoch = checks.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
+    steps_per_execution = checks.steps_per_execution(steps_per_execution)
+    communication = checks.communication(communication)
+    shuffle_buffer = checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True)
+    tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
+    max_retries = checks.non_negative_int("max_retries", max_retries)
+    timeout = checks.positive_seconds("timeout", timeout)
+    stall_timeout = checks.positive_seconds("stall_timeout", stall_timeout)
     seed = None if seed is None else int(seed)
     data_seed = random.randrange(2**31) if seed is None else seed  # the same shuffling on every attempt
-    verbose = validation.verbosity(verbose)
-    tensorboard_dir = validation.directory("tensorboard_dir", tensorboard_dir)
-    layout = validation.layout(data.schema, features, label, weight=sample_weight)
-    class_weight = validation.class_weights(class_weight)
-    validation_data, validation_split, validation_freq = validation.validation_arguments(
+    verbose = checks.verbosity(verbose)
+    tensorboard_dir = checks.directory("tensorboard_dir", tensorboard_dir)
+    layout = checks.layout(data.schema, features, label, weight=sample_weight)
+    class_weight = checks.class_weights(class_weight)
+    validation_data, validation_split, validation_freq = checks.validation_arguments(
         validation_data, validation_split, validation_freq, features, label, sample_weight)
-    save_to, save_best, save_mode = validation.save_arguments(save_to, save_best, save_mode,
-                                                              validation_data is not None or validation_split)
+    save_to, save_best, save_mode = checks.save_arguments(save_to, save_best, save_mode,
+                                                          validation_data is not None or validation_split)
     with transfer.JobFiles() as files:
         spec = ModelSpec.from_model(model, files)
         spec.check_loadable()
-        callbacks = validation.callbacks_function(callbacks)
+        callbacks = checks.callbacks_function(callbacks)
         callbacks = callbacks and files.add_bytes("callbacks.pkl", callbacks)
-        checkpoint_dir = validation.directory("checkpoint_dir", checkpoint_dir)
-        checkpoint_every = validation.checkpoint_every(checkpoint_every, checkpoint_dir)
+        checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
+        checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
         spark = data.sparkSession
-        env = _python_env(spark, env)
-        gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
+        env, gpu_plan, gpus_per_worker = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
         gpus.check_batch(batch_size, num_workers, gpus_per_worker)
-        cluster.check_encryption(spark, allow_unencrypted)
-        cluster.check_executor_python(spark)
-        cluster.check_barrier_capacity(spark, num_workers)
         memory.check_on_driver(spark, spec.size, memory.batch_bytes(batch_size, num_workers, spec.input_shape),
                                num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
@@ -276,23 +284,19 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     every worker's printed lines on the driver as they come. ``timeout``, ``allow_unencrypted``,
     ``use_gpu`` and ``env`` are as in ``fit``."""
     started = time.time()
-    validation.no_unknown_arguments("run", unknown, run)
+    checks.no_unknown_arguments("run", unknown, run)
     if not callable(train_fn):
         raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
-    num_workers = validation.positive_int("num_workers", num_workers)
-    tf_threads = validation.positive_int("tf_threads", tf_threads, allow_none=True)
-    timeout = validation.positive_seconds("timeout", timeout)
-    verbose = validation.verbosity(verbose)
-    spark = _spark_session(spark)
-    env = _python_env(spark, env)
+    num_workers = checks.positive_int("num_workers", num_workers)
+    tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
+    timeout = checks.positive_seconds("timeout", timeout)
+    verbose = checks.verbosity(verbose)
     try:
         function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
     except Exception as exc:
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
-    gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
-    cluster.check_encryption(spark, allow_unencrypted)
-    cluster.check_executor_python(spark)
-    cluster.check_barrier_capacity(spark, num_workers)
+    spark = _spark_session(spark)
+    env, gpu_plan, _ = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
     with transfer.JobFiles() as files:
         job = RunJob(function=files.add_bytes("function.pkl", function), tf_threads=tf_threads, gpus=gpu_plan,
                      env=env, warm_start=cluster.warm_start(spark), started_at=started)
@@ -315,20 +319,16 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     from pyspark.sql.pandas.types import to_arrow_schema
 
     started = time.time()
-    validation.no_unknown_arguments("apply", unknown, apply)
-    data = validation.spark_dataframe(data)
+    checks.no_unknown_arguments("apply", unknown, apply)
+    data = checks.spark_dataframe(data)
     if not callable(fn):
         raise InvalidArgumentError(f"fn must be a function of (partition, barrier), got {type(fn).__name__}")
-    num_workers = validation.positive_int("num_workers", num_workers)
-    timeout = validation.positive_seconds("timeout", timeout)
-    verbose = validation.verbosity(verbose)
-    output_schema = validation.output_schema(columns)
+    num_workers = checks.positive_int("num_workers", num_workers)
+    timeout = checks.positive_seconds("timeout", timeout)
+    verbose = checks.verbosity(verbose)
+    output_schema = checks.output_schema(columns)
     spark = data.sparkSession
-    env = _python_env(spark, env)
-    gpu_plan, _ = gpus.plan(spark, use_gpu, num_workers)
-    cluster.check_encryption(spark, allow_unencrypted)
-    cluster.check_executor_python(spark)
-    cluster.check_barrier_capacity(spark, num_workers)
+    env, gpu_plan, _ = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     with transfer.JobFiles() as files:
         job = ApplyJob(function=files.add_bytes("function.pkl", pickle_user_code(fn, fn)),

@@ -17,7 +17,7 @@ import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import communication, evaluation, memory, pacing, parquet_source, protocol, rendezvous, saving, shards, validation
+from . import checks, communication, evaluation, memory, pacing, parquet_source, protocol, rendezvous, saving, shards
 from .errors import ColumnError, InvalidArgumentError
 from .job import Job, port_clash_is_retryable
 from .model_spec import write_weights
@@ -375,9 +375,9 @@ def _resident_mb():
 def _check_input(shard, input_shape):
     """A model function's input shape is known only here."""
     if shard.images:
-        validation.check_image_input(input_shape)
+        checks.check_image_input(input_shape)
     else:
-        validation.check_input_width(shard.width, input_shape)
+        checks.check_input_width(shard.width, input_shape)
 
 
 def _train(tf, model, dataset, shard, input_shape, **fit_args):

@@ -23,7 +23,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from . import cluster, driver_link, shards, transfer, validation
+from . import checks, cluster, driver_link, shards, transfer
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
 from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
 from .results import FitResult
@@ -84,7 +84,7 @@ def predict_local(model, x, output="class", batch_size=1024):
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
     input_shape = tuple(model.input_shape[1:])
     x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    validation.check_input_width(x.shape[1], input_shape)
+    checks.check_input_width(x.shape[1], input_shape)
     raw = np.asarray(model.predict(x.reshape((-1, *input_shape)), batch_size=batch_size, verbose=0))
     return _outputs(raw.reshape(len(x), -1).astype(np.float32), output, _output_transform(model, output))
 
@@ -232,7 +232,7 @@ def _scorer(scoring, layout, input_shape, output, transform, batch_size):
                 raw = _image_outputs(model, rows, input_shape, batch_size, offset)
             else:
                 x = shards.to_numpy(shards.feature_matrix(batch, layout))
-                validation.check_input_width(x.shape[1] if len(x) else None, input_shape)
+                checks.check_input_width(x.shape[1] if len(x) else None, input_shape)
                 raw = _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
             offset += len(batch)
             values = _outputs(raw, output, transform)
@@ -270,8 +270,8 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     """
     if isinstance(model, FitResult):
         model = model.model
-    data = validation.spark_dataframe(data)
-    batch_size = validation.positive_int("batch_size", batch_size)
+    data = checks.spark_dataframe(data)
+    batch_size = checks.positive_int("batch_size", batch_size)
     if output not in OUTPUTS:
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
     if not isinstance(output_col, str) or output_col in data.columns:
@@ -281,13 +281,13 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
     if output == "features":
         model = feature_extractor(model, layer)
-    layout = validation.layout(data.schema, features, scoring=True)
+    layout = checks.layout(data.schema, features, scoring=True)
     input_shape = tuple(model.input_shape[1:])
     # No Spark job here (predict stays lazy): array lengths are checked batch by batch on the executors.
     if layout.kind == shards.IMAGE:
-        validation.check_image_input(input_shape)
+        checks.check_image_input(input_shape)
     else:
-        validation.check_input_width(len(layout.features) if layout.kind == shards.COLUMNS else None, input_shape)
+        checks.check_input_width(len(layout.features) if layout.kind == shards.COLUMNS else None, input_shape)
     transform = _output_transform(model, output)
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F

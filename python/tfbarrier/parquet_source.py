@@ -33,7 +33,7 @@ class Slice:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """What each worker reads (``slices[i]`` for worker i) and the profile ``validation.check_profile``
+    """What each worker reads (``slices[i]`` for worker i) and the profile ``checks.check_profile``
     takes, made from the footers."""
 
     slices: list

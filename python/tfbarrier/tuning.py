@@ -17,7 +17,7 @@ import os
 import random
 import time
 
-from . import cluster, validation
+from . import checks, cluster
 from .errors import InvalidArgumentError, TrialsFailedError
 from .progress import SearchBar
 from .saving import best_mode, better
@@ -142,7 +142,7 @@ def trial_source(params, n_trials, mode):
         return GridTrials(params)
     import optuna
 
-    n_trials = validation.positive_int("n_trials", n_trials)
+    n_trials = checks.positive_int("n_trials", n_trials)
     direction = "minimize" if mode == "min" else "maximize"
     if isinstance(params, optuna.samplers.BaseSampler):
         return OptunaTrials(optuna.create_study(sampler=params, direction=direction), n_trials)
@@ -233,7 +233,7 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
 def check_arguments(data, build_model, params, n_trials, metric, mode, workers_per_trial, max_concurrent, fit_kwargs,
                     fit):
     """(the trials, mode as "min"/"max", concurrency), or an error before any trial."""
-    data = validation.spark_dataframe(data)
+    data = checks.spark_dataframe(data)
     if not callable(build_model):
         raise InvalidArgumentError(f"build_model must be a function of one dict of params, got "
                                    f"{type(build_model).__name__}")
@@ -245,9 +245,9 @@ def check_arguments(data, build_model, params, n_trials, metric, mode, workers_p
     if metric.startswith("val_") and not validates:
         raise InvalidArgumentError(f"metric={metric!r} is a validation metric: pass validation_data= or "
                                    "validation_split=, or rank the trials by a training metric such as 'loss'")
-    workers_per_trial = validation.positive_int("workers_per_trial", workers_per_trial)
-    max_concurrent = validation.positive_int("max_concurrent", max_concurrent, allow_none=True)
-    validation.no_unknown_arguments("tune", {k: v for k, v in fit_kwargs.items()
+    workers_per_trial = checks.positive_int("workers_per_trial", workers_per_trial)
+    max_concurrent = checks.positive_int("max_concurrent", max_concurrent, allow_none=True)
+    checks.no_unknown_arguments("tune", {k: v for k, v in fit_kwargs.items()
                                              if k not in _fit_parameters(fit)}, fit)
     slots = cluster.check_barrier_capacity(data.sparkSession, workers_per_trial)
     if slots is None:  # Spark Connect does not tell: max_concurrent, or one at a time
@@ -320,7 +320,7 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
                       num_workers=workers_per_trial)
     trials, mode, concurrency = check_arguments(data, build_model, params, n_trials, metric, mode,
                                                 workers_per_trial, max_concurrent, fit_kwargs, fit)
-    verbose = validation.verbosity(verbose)
+    verbose = checks.verbosity(verbose)
     fit_kwargs["seed"] = seed = random.randrange(2**31) if seed is None else int(seed)
     rows, best_index, best = run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode,
                                         verbose)

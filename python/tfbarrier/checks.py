@@ -1,4 +1,7 @@
-"""Checks made on the driver before any cluster work: arguments, columns, shapes."""
+"""The driver's checks of the arguments and the data (columns, shapes, values), each raising an error that
+names the problem and the fix. All but one run before any cluster work: ``profile`` reads the data in one
+Spark job. ``check_input_width`` and ``check_image_input`` also run in the tasks, on the shard they wrote
+(a plain Parquet scan is checked there, row by row)."""
 
 import dataclasses
 import difflib

@@ -97,7 +97,7 @@ def test_callbacks_must_be_a_function(small_df):
 
 
 def test_r_style_whole_floats_are_accepted_as_integers():
-    from tfbarrier.validation import positive_int
+    from tfbarrier.checks import positive_int
 
     assert positive_int("epochs", 3.0) == 3
 
