@@ -144,7 +144,6 @@ def driver(args):
     import hashlib
 
     import keras
-    import numpy as np
     import pandas as pd
     import psutil
     from pyspark.sql import SparkSession

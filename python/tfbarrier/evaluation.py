@@ -12,13 +12,14 @@ The values go into the epoch's logs before any other callback sees them, the sam
 so EarlyStopping or ReduceLROnPlateau decide alike everywhere and every worker stops at the same epoch.
 """
 
+import tensorflow as tf
+import tf_keras
+
 from .errors import ModelError
 
 
 def per_example_loss(model):
     """The model's compiled loss, unreduced: one value per example."""
-    import tf_keras
-
     loss = model.loss
     if isinstance(loss, (dict, list, tuple)):
         raise ModelError("validation needs a model compiled with one loss, not one per output")
@@ -28,50 +29,49 @@ def per_example_loss(model):
     return tf_keras.losses.LossFunctionWrapper(loss, reduction=tf_keras.losses.Reduction.NONE)
 
 
-def validation_callback(dataset, steps, every=1):
-    """A Keras callback adding ``val_loss`` and ``val_<metric>`` to the logs of every ``every``-th epoch,
-    from ``steps`` steps over ``dataset`` (distributed, of (x, y, present, sample weight) batches:
-    present is 0 for the padding rows). As in model.evaluate, the loss is the mean over the rows of
-    each row's loss times its sample weight."""
-    import tensorflow as tf
-    import tf_keras
+class Validation(tf_keras.callbacks.Callback):
+    """Adds ``val_loss`` and ``val_<metric>`` to the logs of every ``every``-th epoch, from ``steps``
+    steps over ``dataset`` (distributed, of (x, y, present, sample weight) batches: present is 0 for the
+    padding rows). As in model.evaluate, the loss is the mean over the rows of each row's loss times its
+    sample weight."""
 
-    class Validation(tf_keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            model, strategy, loss = self.model, self.model.distribute_strategy, per_example_loss(self.model)
+    def __init__(self, dataset, steps, every=1):
+        super().__init__()
+        self.dataset, self.steps, self.every = dataset, steps, every
 
-            @tf.function
-            def step(iterator):
-                def on_replica(x, y, present, weight):
-                    predicted = model(x, training=False)
-                    # Keras's compiled metrics= ignore sample weights: the padding rows are left out instead;
-                    # weighted_metrics= take the rows' own weights, as in model.evaluate.
-                    real = present > 0
-                    model.compiled_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real),
-                                                        tf.boolean_mask(weight, real))
-                    losses = tf.cast(loss(y, predicted), tf.float32) * weight * present
-                    return tf.reduce_sum(losses), tf.reduce_sum(present)
+    def on_train_begin(self, logs=None):
+        model, strategy, loss = self.model, self.model.distribute_strategy, per_example_loss(self.model)
 
-                total, count = strategy.run(on_replica, args=next(iterator))
-                return (strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None),
-                        strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None))
+        @tf.function
+        def step(iterator):
+            def on_replica(x, y, present, weight):
+                predicted = model(x, training=False)
+                # Keras's compiled metrics= ignore sample weights: the padding rows are left out instead;
+                # weighted_metrics= take the rows' own weights, as in model.evaluate.
+                real = present > 0
+                model.compiled_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real),
+                                                    tf.boolean_mask(weight, real))
+                losses = tf.cast(loss(y, predicted), tf.float32) * weight * present
+                return tf.reduce_sum(losses), tf.reduce_sum(present)
 
-            self._step = step
+            total, count = strategy.run(on_replica, args=next(iterator))
+            return (strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None),
+                    strategy.reduce(tf.distribute.ReduceOp.SUM, count, axis=None))
 
-        def on_epoch_end(self, epoch, logs=None):
-            if logs is None or (epoch + 1) % every:
-                return
-            metrics = self.model.compiled_metrics.metrics
-            for metric in metrics:
-                metric.reset_state()
-            iterator = iter(dataset)
-            total = count = 0.0
-            for _ in range(steps):
-                step_total, step_count = self._step(iterator)
-                total, count = total + float(step_total), count + float(step_count)
-            regularization = float(tf.add_n(self.model.losses)) if self.model.losses else 0.0
-            logs["val_loss"] = total / count + regularization
-            for metric in metrics:  # read across workers: every worker reads them in this order
-                logs[f"val_{metric.name}"] = float(metric.result())
+        self._step = step
 
-    return Validation()
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or (epoch + 1) % self.every:
+            return
+        metrics = self.model.compiled_metrics.metrics
+        for metric in metrics:
+            metric.reset_state()
+        iterator = iter(self.dataset)
+        total = count = 0.0
+        for _ in range(self.steps):
+            step_total, step_count = self._step(iterator)
+            total, count = total + float(step_total), count + float(step_count)
+        regularization = float(tf.add_n(self.model.losses)) if self.model.losses else 0.0
+        logs["val_loss"] = total / count + regularization
+        for metric in metrics:  # read across workers: every worker reads them in this order
+            logs[f"val_{metric.name}"] = float(metric.result())

@@ -17,6 +17,11 @@ all decide from the same numbers.
 import time
 import weakref
 
+import numpy as np
+import tensorflow as tf
+import tf_keras
+from tf_keras.src.engine.training import reduce_per_replica
+
 TARGET_SECONDS = 0.5  # how long one call should last
 MAX_STEPS = 100  # beyond this a call saves nothing more (the per-call overhead is already amortized)
 WARMUP_CALLS = 2  # the first calls trace the training function
@@ -40,7 +45,7 @@ def resolve(model, steps_per_execution, most=MAX_STEPS):
         return None
     if int(model.steps_per_execution.numpy()) != 1:  # the user's own compile(steps_per_execution=n)
         return None
-    return auto_callback(most)
+    return AutoStepsPerExecution(most)
 
 
 def set_count(model, count):
@@ -56,8 +61,6 @@ def set_count(model, count):
 def _keras_training_step(model):
     """Whether a step's logs are Keras's: its metrics' results (no training step or function of the
     model's own, no XLA, not eager)."""
-    import tf_keras
-
     own = [name for name in ("make_train_function", "train_step", "compute_metrics")
            if getattr(type(model), name) is not getattr(tf_keras.Model, name)]
     return not own and not model.jit_compile and not model.run_eagerly
@@ -68,9 +71,6 @@ def looping_train_function(model):
     except that the metrics are read once, after a call's last step: fit reports a call's last logs
     and drops the others, and every read costs an all-reduce per metric across the workers (tf_keras's
     ``result_wrapper``). Each step still updates the metrics; the step is traced once, as in Keras."""
-    import tensorflow as tf
-    from tf_keras.src.engine.training import reduce_per_replica
-
     strategy = model.distribute_strategy
 
     def run_step(data):
@@ -97,8 +97,6 @@ _gatherers = weakref.WeakKeyDictionary()  # strategy -> its traced all-reduce fo
 def everyones(model, value):
     """Every replica's ``value`` (a number), the same list on each worker: one all-reduce, in which each
     replica fills only its own slot (see the module). Every worker must call it at the same point."""
-    import tensorflow as tf
-
     strategy = model.distribute_strategy
     if strategy not in _gatherers:
         replicas = strategy.num_replicas_in_sync
@@ -113,35 +111,31 @@ def everyones(model, value):
     return strategy.experimental_local_results(everyone)[0].numpy().tolist()
 
 
-def auto_callback(most=MAX_STEPS):
-    """The Keras callback that measures the first calls and sets the agreed count (see the module)."""
-    import numpy as np
-    import tf_keras
+class AutoStepsPerExecution(tf_keras.callbacks.Callback):
+    """Measures the first calls and sets the agreed count (see the module), at most ``most`` steps."""
 
-    class AutoStepsPerExecution(tf_keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.calls, self.durations, self._last_end = 0, [], None
-            self.decided = False
+    def __init__(self, most=MAX_STEPS):
+        super().__init__()
+        self.most = most
+        self.calls, self.durations, self._last_end = 0, [], None
+        self.decided = False
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self._last_end = None  # a call is timed from the previous batch end of its own epoch
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last_end = None  # a call is timed from the previous batch end of its own epoch
 
-        def on_train_batch_end(self, batch, logs=None):
-            if self.decided:
-                return
-            now, self.calls = time.perf_counter(), self.calls + 1
-            if self._last_end is not None and self.calls > WARMUP_CALLS:
-                self.durations.append(now - self._last_end)  # the call, and every callback's batch hooks
-            self._last_end = now
-            if len(self.durations) == MEASURED_CALLS:  # at the same call on every worker
-                slowest = max(everyones(self.model, float(np.median(self.durations))))
-                count = count_for(slowest, self.params["steps"] or MAX_STEPS, most)
-                if count > 1:
-                    # Keras built a one-step training function (the count was 1 as fit started); fit
-                    # looks its training function up on every call, so the looping one takes over here,
-                    # traced only by fits that run this long.
-                    set_count(self.model, count)
-                self.decided = True
-
-    return AutoStepsPerExecution()
+    def on_train_batch_end(self, batch, logs=None):
+        if self.decided:
+            return
+        now, self.calls = time.perf_counter(), self.calls + 1
+        if self._last_end is not None and self.calls > WARMUP_CALLS:
+            self.durations.append(now - self._last_end)  # the call, and every callback's batch hooks
+        self._last_end = now
+        if len(self.durations) == MEASURED_CALLS:  # at the same call on every worker
+            slowest = max(everyones(self.model, float(np.median(self.durations))))
+            count = count_for(slowest, self.params["steps"] or MAX_STEPS, self.most)
+            if count > 1:
+                # Keras built a one-step training function (the count was 1 as fit started); fit looks
+                # its training function up on every call, so the looping one takes over here, traced
+                # only by fits that run this long.
+                set_count(self.model, count)
+            self.decided = True

@@ -7,7 +7,7 @@ import pytest
 from conftest import digits_cnn, held_out_accuracy, training_processes
 
 import tfbarrier
-from tfbarrier.errors import InvalidArgumentError, TrialsFailedError
+from tfbarrier.errors import TrialsFailedError
 
 
 def cnn(params):
