@@ -41,6 +41,17 @@ def compress_gradients(model, communication):
                          f"aggregation it compresses; {type(optimizer).__name__} has none: drop compression")
 
 
+def in_effect(strategy, model):
+    """What the gradients travel with, read back from TensorFlow (not fit's argument): the strategy's
+    CommunicationOptions, and "fp16" when the optimizer's aggregation casts them to float16."""
+    options = strategy.extended._communication_options  # tf.distribute has no public reader of them
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+    hook = getattr(optimizer, "gradient_aggregator", None) or getattr(optimizer, "aggregate_gradients", None)
+    return {"implementation": options.implementation.name.lower(), "bytes_per_pack": options.bytes_per_pack,
+            "timeout_seconds": options.timeout_seconds,
+            "compression": getattr(hook, "compression", "none")}
+
+
 def in_float16(aggregate):
     """``aggregate`` (a list of (gradient, variable) in, all-reduced out) with its float32 gradients
     sent as float16."""
@@ -52,4 +63,5 @@ def in_float16(aggregate):
         narrowed = [(tf.cast(g, tf.float16) if w else g, v) for (g, v), w in zip(grads_and_vars, wide)]
         return [(tf.cast(g, tf.float32) if w else g, v) for (g, v), w in zip(aggregate(narrowed), wide)]
 
+    aggregate_in_float16.compression = "fp16"  # what in_effect reports
     return aggregate_in_float16

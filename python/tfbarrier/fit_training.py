@@ -101,7 +101,8 @@ def train(job, config, channel):
         resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, config["steps_per_epoch"])),
                                    steps_done=resume["steps_done"]),
         checkpoint_saves=saves and saves.saves,
-        steps_per_execution=int(model.steps_per_execution.numpy()), communication=job.communication or {},
+        steps_per_execution=int(model.steps_per_execution.numpy()),
+        communication=communication.in_effect(strategy, model),
     )
 
 

@@ -21,7 +21,7 @@ class ProcessReport:
     checkpoint_saves: int = None  # checkpoints this process took part in (fit with checkpoint_dir)
     gpus: str = None  # CUDA_VISIBLE_DEVICES as the process read it, before importing TensorFlow
     steps_per_execution: int = None  # training steps per call into TensorFlow (fit)
-    communication: dict = None  # the strategy's CommunicationOptions as fit passed them ({}: TensorFlow's defaults)
+    communication: dict = None  # how its gradients travelled, as TensorFlow held it (communication.in_effect)
     output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns (small)
     files: dict = dataclasses.field(default_factory=dict)  # what it returns in files: {key: name in the work directory}
 

@@ -126,7 +126,7 @@ def test_the_bars_loss_is_the_loss_keras_reports_for_the_global_batch(digits_df)
 def test_steps_and_progress_count_every_step_with_steps_per_execution(digits_df):
     """With steps_per_execution=4 Keras reports a batch end every 4 steps; the workers' step counts and
     the bar still count steps. The model is compiled with it, as a user does in Keras; fit passes on
-    its CommunicationOptions and reports both."""
+    its CommunicationOptions, and each worker reports both as TensorFlow holds them."""
     model = digits_cnn()
     model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"], steps_per_execution=4)
     result = tfbarrier.fit(digits_df, model, features="pixels", label="digit", epochs=2, batch_size=64,
@@ -134,7 +134,9 @@ def test_steps_and_progress_count_every_step_with_steps_per_execution(digits_df)
                            communication={"bytes_per_pack": 1 << 20, "implementation": "ring"})
     assert [w["steps"] for w in result.workers] == [20, 20]
     assert [w["steps_per_execution"] for w in result.workers] == [4, 4]
-    assert result.workers[0]["communication"] == {"bytes_per_pack": 1 << 20, "implementation": "ring"}
+    # read back from each worker's strategy and optimizer
+    assert [w["communication"] for w in result.workers] == 2 * [
+        {"implementation": "ring", "bytes_per_pack": 1 << 20, "timeout_seconds": None, "compression": "none"}]
     chief = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == 0]
     assert chief[0]["total_steps"] == 20 and chief[-1]["steps"] == 20
     assert [m["steps"] for m in chief if "epoch" in m] == [10, 20]
