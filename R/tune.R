@@ -21,7 +21,8 @@
 #'   `timeout` (per trial), `seed` (the same for every trial), `verbose` (2: a line per trial), ...
 #' @param spark As in [spark_tf_fit()].
 #' @return A `tfbarrier_tune`: `trials` (a data.frame: `trial`, the parameters, each metric's final
-#'   value, `status`, `error`, `seconds`, `started_at`, `finished_at`), `best_params`, `best` (the best
+#'   value, `status`, `error`, `seconds`, `started_at`, `finished_at`, `training_started_at`,
+#'   `training_finished_at`), `best_params`, `best` (the best
 #'   trial's `tfbarrier_fit`), `best_model`, `metric`. It has `print()`, `plot()` (the metric per trial)
 #'   and `as.data.frame()` (the trials) methods.
 #' @export
@@ -64,7 +65,8 @@ print.tfbarrier_tune <- function(x, ...) {
   params <- paste(sprintf("%s = %s", names(x$best_params), unlist(x$best_params)), collapse = ", ")
   cat(sprintf("<tfbarrier tune: %d of %d trials ok; best %s %.4g with %s>\n", ok, nrow(x$trials), x$metric,
               best, params))
-  print(x$trials[setdiff(names(x$trials), c("started_at", "finished_at"))], row.names = FALSE)
+  times <- c("started_at", "finished_at", "training_started_at", "training_finished_at")
+  print(x$trials[setdiff(names(x$trials), times)], row.names = FALSE)
   invisible(x)
 }
 
@@ -73,7 +75,8 @@ print.tfbarrier_tune <- function(x, ...) {
 #' @param x A `tfbarrier_tune`.
 #' @param row.names,optional,... Unused; for the generic.
 #' @return One row per trial: `trial`, the parameters, each metric's final value, `status`, `error`,
-#'   `seconds`, `started_at`, `finished_at`.
+#'   `seconds`, `started_at`, `finished_at` (when the driver started and ended the trial's fit),
+#'   `training_started_at`, `training_finished_at` (when its chief took its first step and ended).
 #' @export
 as.data.frame.tfbarrier_tune <- function(x, row.names = NULL, optional = FALSE, ...) {
   x$trials

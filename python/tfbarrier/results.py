@@ -50,7 +50,7 @@ class WorkerResult(ProcessReport):
 
     PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
               "python_prefix", "warm_start", "checksum", "shard_checksum", "validation_rows", "validation_checksum",
-              "memory", "finished_at", "steps_per_execution", "communication", "transfer", "checkpoint_saves",
+              "memory", "first_step_at", "finished_at", "steps_per_execution", "communication", "transfer", "checkpoint_saves",
               "timings")
 
     @classmethod
@@ -81,8 +81,8 @@ class FitResult:
               every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
               environment (path, built, seconds; None for the executor's own Python), python_prefix
               (sys.prefix of its training process), warm_start (True when it trained in a spare
-              process its executor kept, TensorFlow already imported), finished_at (its
-              clock when training ended), memory (its training process's resident memory in MB:
+              process its executor kept, TensorFlow already imported), first_step_at and
+              finished_at (its clock, time.time(), at its first step and when training ended), memory (its training process's resident memory in MB:
               tensorflow_mb once TensorFlow and the strategy were set up, baseline_mb once the model
               was too, peak_mb at the end), steps_per_execution and communication (what its training
               ran with), transfer (how the job's files, the model's weights among them, reached it and

@@ -23,6 +23,7 @@ from .progress import SearchBar
 from .saving import best_mode, better
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
+TIME_COLUMNS = ("started_at", "finished_at", "training_started_at", "training_finished_at")
 
 
 @dataclasses.dataclass
@@ -31,7 +32,8 @@ class TuneResult:
 
     trials:      a pandas DataFrame, one row per trial in the order of ``params``: trial, its params as
                  columns, the final value of every metric in its history, status ("ok" or "failed"),
-                 error, seconds, started_at, finished_at
+                 error, seconds, started_at, finished_at (the driver's dispatch and return of its fit),
+                 training_started_at, training_finished_at (its chief's first step and end of training)
     best_params: the params of the best trial by ``metric``
     best:        the best trial's FitResult (``best.model``, ``best.history``...)
     best_trial:  the best trial's number (its row in ``trials``)
@@ -173,6 +175,13 @@ def _final_metrics(history):
     return final
 
 
+def _training_interval(result):
+    """When the trial's chief trained, by its own clock (None for a failed trial)."""
+    chief = result.workers[0] if result else {}
+    return {f"training_{name}_at": None if chief.get(key) is None else datetime.datetime.fromtimestamp(chief[key])
+            for name, key in (("started", "first_step_at"), ("finished", "finished_at"))}
+
+
 def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode, verbose):
     """Run one ``fit(data, build_model(trials.start(i)), **fit_kwargs)`` per trial i of ``trials``
     (GridTrials or OptunaTrials), ``concurrency`` at a time. Returns (rows of the trials table, index
@@ -189,7 +198,7 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
                "status": STATUS_OK if error is None else STATUS_FAILED,
                "error": None if error is None else f"{type(error).__name__}: {error}",
                "seconds": finished - started, "started_at": datetime.datetime.fromtimestamp(started),
-               "finished_at": datetime.datetime.fromtimestamp(finished)}
+               "finished_at": datetime.datetime.fromtimestamp(finished), **_training_interval(result)}
         rows[index] = row
         value = row.get(metric)
         trials.report(index, value)
@@ -332,7 +341,7 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
         if errors:
             raise TrialsFailedError(f"every trial failed: {errors}"[:4000], trials=table)
         reported = sorted(set(table.columns) - set(trials.params_of(0)) - {"trial", "status", "error", "seconds",
-                                                                           "started_at", "finished_at"})
+                                                                           *TIME_COLUMNS})
         raise TrialsFailedError(f"no trial reported metric={metric!r}; they reported {', '.join(reported)}: "
                                 "pass one of those", trials=table)
     return TuneResult(trials=table, best_params=trials.params_of(best_index), best=best, best_trial=best_index,

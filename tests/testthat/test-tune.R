@@ -14,6 +14,7 @@ test_that("spark_tf_tune runs a 2-point grid of an R build_model and returns its
   expect_equal(trials$status, c("ok", "ok"))
   expect_true(all(is.na(trials$error)))
   expect_s3_class(trials$started_at, "POSIXct")
+  expect_s3_class(trials$training_started_at, "POSIXct")
   expect_equal(search$best_params$learning_rate, trials$learning_rate[which.max(trials$val_accuracy)])
   expect_equal(length(built), 2)  # build_model ran here, in R, once per trial
   expect_s3_class(search$best, "tfbarrier_fit")
