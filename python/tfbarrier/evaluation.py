@@ -14,6 +14,7 @@ so EarlyStopping or ReduceLROnPlateau decide alike everywhere and every worker s
 
 import tensorflow as tf
 import tf_keras
+from tf_keras.src.losses import LossFunctionWrapper
 
 from .errors import ModelError
 
@@ -26,7 +27,9 @@ def per_example_loss(model):
     loss = tf_keras.losses.get(loss)
     if isinstance(loss, tf_keras.losses.Loss):
         return type(loss).from_config({**loss.get_config(), "reduction": tf_keras.losses.Reduction.NONE})
-    return tf_keras.losses.LossFunctionWrapper(loss, reduction=tf_keras.losses.Reduction.NONE)
+    # A loss given by name or as a function ("mse"): wrapped as compile() wraps it, which also matches
+    # the label's and the prediction's shapes. tf_keras exports no such wrapper.
+    return LossFunctionWrapper(loss, reduction=tf_keras.losses.Reduction.NONE)
 
 
 class Validation(tf_keras.callbacks.Callback):

@@ -69,30 +69,56 @@ def test_validation_split_holds_out_the_same_rows_on_a_retry(digits_df):
     assert len(result.history["val_loss"]) == 2 and None not in result.history["val_loss"]
 
 
-def frozen_cnn():
-    """Learning rate 0: the validation loss cannot improve."""
+def overshooting_line():
+    """w·x, w = 0, trained by SGD(1.2) on MSE: with worker 0's rows at y = 2 and worker 1's at y = -3 (x = 1),
+    each step is w -= 1.2 (2w + 1), which overshoots w = -0.5 further every step: after the steps of
+    epochs 0, 1, 2, w = -1.2, 0.48, -1.872."""
     import tf_keras
 
-    model = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(), tf_keras.layers.Dense(10)])
-    model.compile(optimizer=tf_keras.optimizers.SGD(0.0), metrics=["accuracy"],
-                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = tf_keras.Sequential([tf_keras.Input((1,)),
+                                 tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=tf_keras.optimizers.SGD(1.2), loss="mse")
     return model
 
 
-def early_stopping():
-    import tf_keras
+@pytest.fixture(scope="module")
+def opposite_workers(spark):
+    """(training, validation) DataFrames whose partition 0 (worker 0) holds rows at y = 2 and partition 1
+    at y = -3. Validated on every row, val_loss = ((w - 2)² + (w + 3)²) / 2 rises every epoch (6.74, 7.2104,
+    8.1324); on worker 0's rows alone it falls at epoch 1 (10.24, 2.3104), on worker 1's it rises (3.24,
+    12.1104): only the value reduced across workers stops every worker at epoch 1."""
+    frame = pd.DataFrame({"x": [[1.0]] * 8, "y": [2.0] * 4 + [-3.0] * 4})
+    return tuple(partitioned(spark, frame, lambda i: i // 4, 2) for _ in range(2))
 
-    return [tf_keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)]
+
+def keras_callbacks(name, **kwargs):
+    def factory():
+        import tf_keras
+
+        return [getattr(tf_keras.callbacks, name)(monitor="val_loss", patience=1, **kwargs)]
+    return factory
 
 
-def test_early_stopping_on_val_loss_stops_every_worker_at_the_same_epoch(digits_df):
-    result = tfbarrier.fit(digits_df, frozen_cnn, features="pixels", label="digit", epochs=10, batch_size=64,
-                           num_workers=2, seed=1, validation_split=0.2, callbacks=early_stopping, timeout=300,
-                           verbose=0)
+def fit_opposite(data, callback, epochs):
+    return tfbarrier.fit(data[0], overshooting_line, features="x", label="y", epochs=epochs, batch_size=8,
+                         steps_per_epoch=1, num_workers=2, shuffle=False, validation_data=data[1],
+                         callbacks=callback, timeout=300, verbose=0)
+
+
+def test_early_stopping_stops_every_worker_on_the_val_loss_of_all_of_them(opposite_workers):
+    result = fit_opposite(opposite_workers, keras_callbacks("EarlyStopping"), epochs=6)
+    assert result.history["val_loss"] == pytest.approx([6.74, 7.2104], rel=1e-5)
     assert result.stopped_epoch == 1 and result.epochs == 2  # epoch 0 is the best, epoch 1 no better
-    steps = result.workers[0]["steps_per_epoch"]
-    assert [w["steps"] for w in result.workers] == [2 * steps] * 2
+    assert [w["steps"] for w in result.workers] == [2, 2]
     assert training_processes() == []
+
+
+def test_reduce_lr_on_plateau_lowers_every_workers_rate_alike(opposite_workers):
+    """Halved after epoch 1 on every worker: epoch 2's step is w -= 0.6 (2w + 1), from 0.48 to -0.696,
+    and the workers' weights stay equal (a worker that halved alone would diverge from the others)."""
+    result = fit_opposite(opposite_workers, keras_callbacks("ReduceLROnPlateau", factor=0.5), epochs=3)
+    assert result.model.get_weights()[0].item() == pytest.approx(-0.696, rel=1e-5)
+    assert len({w["checksum"] for w in result.workers}) == 1
 
 
 def test_validation_freq_validates_every_nth_epoch(spark, digits):
