@@ -139,3 +139,27 @@ def partitioned(spark, frame, partition_of_row, num_partitions):
     rows = spark.createDataFrame(frame, schema).rdd.zipWithIndex().map(lambda pair: (pair[1], pair[0]))
     split = rows.partitionBy(num_partitions, partition_of_row).values()
     return spark.createDataFrame(split, schema)
+
+
+def overshooting_line():
+    """w·x, w = 0, trained by SGD(1.2) on MSE: with worker 0's rows at y = 2 and worker 1's at y = -3 (x = 1),
+    each step is w -= 1.2 (2w + 1), which overshoots w = -0.5 further every step: after the steps of
+    epochs 0, 1, 2, w = -1.2, 0.48, -1.872."""
+    import tf_keras
+
+    model = tf_keras.Sequential([tf_keras.Input((1,)),
+                                 tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=tf_keras.optimizers.SGD(1.2), loss="mse")
+    return model
+
+
+@pytest.fixture(scope="session")
+def opposite_workers(spark):
+    """(training, validation) DataFrames whose partition 0 (worker 0) holds rows at y = 2 and partition 1
+    at y = -3. Validated on every row, val_loss = ((w - 2)² + (w + 3)²) / 2 rises every epoch (6.74, 7.2104,
+    8.1324); on worker 0's rows alone it falls at epoch 1 (10.24, 2.3104), on worker 1's it rises (3.24,
+    12.1104): only the value reduced across workers stops every worker at epoch 1."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"x": [[1.0]] * 8, "y": [2.0] * 4 + [-3.0] * 4})
+    return tuple(partitioned(spark, frame, lambda i: i // 4, 2) for _ in range(2))

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import digits_cnn, partitioned, training_processes
+from conftest import digits_cnn, overshooting_line, partitioned, training_processes
 from support import faults
 
 import tfbarrier
@@ -67,28 +67,6 @@ def test_validation_split_holds_out_the_same_rows_on_a_retry(digits_df):
     rows = sum(w["rows"] + w["validation_rows"] for w in result.workers)
     assert 0.15 < sum(w["validation_rows"] for w in result.workers) / rows < 0.25
     assert len(result.history["val_loss"]) == 2 and None not in result.history["val_loss"]
-
-
-def overshooting_line():
-    """w·x, w = 0, trained by SGD(1.2) on MSE: with worker 0's rows at y = 2 and worker 1's at y = -3 (x = 1),
-    each step is w -= 1.2 (2w + 1), which overshoots w = -0.5 further every step: after the steps of
-    epochs 0, 1, 2, w = -1.2, 0.48, -1.872."""
-    import tf_keras
-
-    model = tf_keras.Sequential([tf_keras.Input((1,)),
-                                 tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
-    model.compile(optimizer=tf_keras.optimizers.SGD(1.2), loss="mse")
-    return model
-
-
-@pytest.fixture(scope="module")
-def opposite_workers(spark):
-    """(training, validation) DataFrames whose partition 0 (worker 0) holds rows at y = 2 and partition 1
-    at y = -3. Validated on every row, val_loss = ((w - 2)² + (w + 3)²) / 2 rises every epoch (6.74, 7.2104,
-    8.1324); on worker 0's rows alone it falls at epoch 1 (10.24, 2.3104), on worker 1's it rises (3.24,
-    12.1104): only the value reduced across workers stops every worker at epoch 1."""
-    frame = pd.DataFrame({"x": [[1.0]] * 8, "y": [2.0] * 4 + [-3.0] * 4})
-    return tuple(partitioned(spark, frame, lambda i: i // 4, 2) for _ in range(2))
 
 
 def keras_callbacks(name, **kwargs):

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import digits_cnn, training_processes
+from conftest import digits_cnn, overshooting_line, training_processes
 
 import tfbarrier
 from tfbarrier.errors import InvalidArgumentError
@@ -36,6 +36,26 @@ def test_save_best_keeps_the_model_of_the_best_validation_epoch(spark, digits, t
     best = keras.saving.load_model(tmp_path / "best.keras")  # a Keras 3 archive, as the model passed in
     local = best.evaluate(pixels(held_out), held_out["digit"].to_numpy(), batch_size=len(held_out), verbose=0)
     assert local[0] == pytest.approx(min(losses), abs=1e-4)
+
+
+@pytest.mark.parametrize("save_mode, saved, best_weight", [
+    ("auto", [1], -1.2),  # val_loss: lower is better
+    ("min", [1], -1.2),
+    ("max", [1, 2, 3], -1.872),
+])
+def test_save_best_saves_only_improvements_in_its_mode(opposite_workers, tmp_path, save_mode, saved, best_weight):
+    """val_loss rises every epoch (6.74, 7.2104, 8.1324, see conftest.opposite_workers): "min" keeps the
+    first epoch's model alone, "max" replaces it every epoch."""
+    import tf_keras
+
+    training, validation = opposite_workers
+    result = tfbarrier.fit(training, overshooting_line, features="x", label="y", epochs=3, batch_size=8,
+                           steps_per_epoch=1, shuffle=False, validation_data=validation, verbose=0,
+                           save_to=str(tmp_path), save_best="val_loss", save_mode=save_mode)
+    assert [s["epoch"] for s in result.saved] == saved
+    assert sorted(os.listdir(tmp_path)) == ["best.keras", "saved.json"]
+    best = tf_keras.models.load_model(tmp_path / "best.keras")
+    assert best.get_weights()[0].item() == pytest.approx(best_weight, rel=1e-5)
 
 
 def build_tf_keras_cnn():
