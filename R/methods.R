@@ -57,12 +57,14 @@ print.tfbarrier_fit <- function(x, ...) {
 #'
 #' @param x A `tfbarrier_fit`.
 #' @param ... Passed to [graphics::plot()].
-#' @return The metrics drawn, one per panel, invisibly.
+#' @return The metrics drawn, one per panel, each named by itself and valued by the validation twin
+#'   drawn with it (`NA` for none), invisibly: `c(loss = "val_loss", accuracy = "val_accuracy")`.
 #' @export
 plot.tfbarrier_fit <- function(x, ...) {
   metrics <- setdiff(names(x$history), c("epoch", grep("^val_", names(x$history), value = TRUE)))
   old <- graphics::par(mfrow = c(1, length(metrics)))
   on.exit(graphics::par(old))
+  drawn <- stats::setNames(rep(NA_character_, length(metrics)), metrics)
   for (metric in metrics) {
     twin <- x$history[[paste0("val_", metric)]]
     range <- range(c(x$history[[metric]], twin), na.rm = TRUE)
@@ -71,10 +73,11 @@ plot.tfbarrier_fit <- function(x, ...) {
     if (!is.null(twin)) {
       keep <- !is.na(twin)
       graphics::lines(x$history$epoch[keep], twin[keep], type = "b", pch = 1, lty = 2)
+      drawn[[metric]] <- paste0("val_", metric)
       graphics::legend("topright", legend = c(metric, paste0("val_", metric)), pch = c(19, 1), lty = 1:2, bty = "n")
     }
   }
-  invisible(metrics)
+  invisible(drawn)
 }
 
 #' The history of a fit as a data.frame

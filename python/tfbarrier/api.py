@@ -5,8 +5,6 @@ barrier stage (stage.run)."""
 import random
 import time
 
-import cloudpickle
-
 from . import checks, cluster, gpus, memory, parquet_source, stage, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
@@ -270,8 +268,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         submitted = time.time()
         results, attempts, events = stage.run(frame, job, num_workers, files, verbose=verbose,
                                               global_batch=batch_size, max_retries=max_retries, timeout=timeout)
-        chief = results[0]
-        trained = spec.trained_model(model, files.received(next(iter(chief.files.values()))))
+        trained = spec.trained_model(model, job.decode(results, files))
     return FitResult.from_workers(trained, results, attempts, events, started, submitted, time.time())
 
 
@@ -302,8 +299,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
                      env=env, warm_start=cluster.warm_start(spark), started_at=started)
         frame = spark.range(0, num_workers, numPartitions=num_workers)
         results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
-        with open(files.received(results[0].files["value"]), "rb") as f:
-            return cloudpickle.load(f)
+        return job.decode(results, files)
 
 
 def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
@@ -315,7 +311,6 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
     the result's columns. ``verbose``, ``timeout``, ``allow_unencrypted``, ``use_gpu`` and ``env`` are
     as in ``run``. This is what R's ``spark_tf_apply()`` runs an R closure through."""
-    import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     started = time.time()
@@ -335,5 +330,4 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
                        input_schema=to_arrow_schema(data.schema), output_schema=output_schema, gpus=gpu_plan,
                        env=env, warm_start=cluster.warm_start(spark), started_at=started)
         results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
-        tables = [pa.ipc.open_stream(files.received(r.files["table"])).read_all() for r in results]
-        return pa.concat_tables(tables, promote_options="default").to_pandas()
+        return job.decode(results, files)

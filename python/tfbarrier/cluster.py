@@ -82,30 +82,6 @@ def warm_start(spark):
     return seconds
 
 
-def _local_path(uri):
-    """The path of a ``file:`` URI (percent-escapes undone)."""
-    import urllib.parse
-
-    return urllib.parse.unquote(urllib.parse.urlparse(uri).path)
-
-
-def file_partitions(df):
-    """Spark's own split of a plain file scan (see ``plain_parquet_scan``) into its partitions: per
-    partition, the (local path, first byte, bytes) ranges of files it reads, in order; None if the plan
-    cannot tell."""
-    from py4j.protocol import Py4JError
-
-    try:
-        leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
-        if leaves.size() != 1 or _simple_name(leaves.apply(0)) != "FileSourceScanExec":
-            return None
-        partitions = leaves.apply(0).inputRDD().filePartitions()
-        return [[(_local_path(f.filePath().toString()), f.start(), f.length()) for f in partitions.apply(i).files()]
-                for i in range(partitions.size())]
-    except Py4JError:
-        return None
-
-
 def direct_parquet(spark):
     """spark.tfbarrier.directParquet (default true): whether tasks read a plain Parquet scan themselves
     (parquet_source.py)."""
@@ -155,48 +131,6 @@ def with_partition_key(df, name, keys, keep):
         target = F.spark_partition_id() + F.monotonically_increasing_id().bitwiseAND(F.lit(2**33 - 1))
     index = F.pmod(target, F.lit(len(keys))).cast("int") + 1
     return df.withColumn(name, F.element_at(F.array(*map(F.lit, keys)), index))
-
-
-def _simple_name(java_object):
-    return java_object.getClass().getSimpleName()
-
-
-def _is_plain_projection(node):
-    columns = node.projectList()
-    return all(_simple_name(columns.apply(i)) == "AttributeReference" for i in range(columns.size()))
-
-
-def plain_parquet_scan(df):
-    """(local files, repartitioned) when ``df``'s plan is nothing but columns of a Parquet scan,
-    repartitioned at most (no filter, no computed column, no cache, no partition columns, only
-    ``file:`` paths); ``repartitioned`` says whether a repartition or coalesce stands on top. Else
-    None; always None under Connect, which shows no plan."""
-    import urllib.parse
-
-    from py4j.protocol import Py4JError
-
-    if is_connect(df.sparkSession):
-        return None
-    repartitioned = False
-    try:
-        plan = df._jdf.queryExecution().optimizedPlan()
-        while _simple_name(plan) in ("Project", "Repartition", "RepartitionByExpression"):
-            if _simple_name(plan) == "Project" and not _is_plain_projection(plan):
-                return None
-            repartitioned = repartitioned or _simple_name(plan) != "Project"
-            plan = plan.child()
-        if _simple_name(plan) != "LogicalRelation":
-            return None
-        relation = plan.relation()
-        if (_simple_name(relation) != "HadoopFsRelation" or _simple_name(relation.fileFormat()) != "ParquetFileFormat"
-                or relation.partitionSchema().length() > 0):
-            return None
-    except Py4JError:
-        return None
-    files = df.inputFiles()
-    if not files or any(urllib.parse.urlparse(uri).scheme not in ("", "file") for uri in files):
-        return None
-    return sorted(_local_path(uri) for uri in files), repartitioned
 
 
 def driver_resources(spark):

@@ -98,6 +98,12 @@ class FitJob(Job):
                                                                      self.batch_size)
         return agreed
 
+    # ---- back on the driver ----
+    def decode(self, results, files):
+        """The path of the chief's trained model: its weights, or a model function's .keras archive."""
+        chief = results[0]
+        return files.received(chief.files.get("weights") or chief.files["archive"])
+
     # ---- in the training process ----
     def execute(self, tf, config, channel):
         from . import fit_training  # imports TensorFlow and tf_keras: only training processes do

@@ -7,6 +7,7 @@ kind fills in, so that a new kind is one class:
   in the task              ``write_input`` (the partition to the shard file), ``check_peers``
                            and ``agree_steps`` (after the rendezvous)
   in the training process  ``execute`` (TensorFlow imported, TF_CONFIG set): a results.ProcessReport
+  back on the driver       ``decode`` (the workers' results and the files they sent: what the call returns)
 
 The kinds: ``FitJob`` (fit_job.py: Keras fit under MultiWorkerMirroredStrategy), and here ``RunJob``
 (call the user's function in every worker) and ``ApplyJob`` (call it on each task's partition).
@@ -72,6 +73,12 @@ class Job:
         ``channel`` (a protocol.Channel) goes to the task, for PROGRESS messages."""
         raise NotImplementedError
 
+    # ---- back on the driver ----
+    def decode(self, results, files):
+        """What the workers sent back, as the caller gets it: ``results`` are their WorkerResults in worker
+        order, ``files`` the job's transfer.JobFiles (``files.received(payload)``: a sent file's path)."""
+        raise NotImplementedError
+
 
 @contextlib.contextmanager
 def port_clash_is_retryable():
@@ -117,6 +124,11 @@ class RunJob(Job):
             cloudpickle.dump(value, f)
         return _report(started, files={"value": VALUE_FILE})
 
+    def decode(self, results, files):
+        """The chief's return value."""
+        with open(files.received(results[0].files["value"]), "rb") as f:
+            return cloudpickle.load(f)
+
 
 @dataclasses.dataclass
 class ApplyJob(Job):
@@ -145,6 +157,13 @@ class ApplyJob(Job):
         with pa.ipc.new_stream(os.path.join(config["workdir"], TABLE_FILE), table.schema) as writer:
             writer.write_table(table)
         return _report(started, files={"table": TABLE_FILE})
+
+    def decode(self, results, files):
+        """The workers' frames, concatenated in worker order (a pandas DataFrame)."""
+        import pyarrow as pa
+
+        tables = [pa.ipc.open_stream(files.received(r.files["table"])).read_all() for r in results]
+        return pa.concat_tables(tables, promote_options="default").to_pandas()
 
     def _cast(self, table):
         if self.output_schema is None:

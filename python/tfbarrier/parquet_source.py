@@ -1,6 +1,6 @@
 """A plain Parquet scan, read by the barrier tasks themselves.
 
-When ``fit``'s DataFrame is nothing but columns of local Parquet files (``cluster.plain_parquet_scan``),
+When ``fit``'s DataFrame is nothing but columns of local Parquet files (``plain_scan``),
 each task reads its rows with pyarrow. When the bare scan has ``num_workers`` partitions, a task reads
 exactly the files Spark's partition would have read; otherwise, since they would have been reshuffled
 into ``num_workers`` anyway (a repartition of the user's on top changes nothing then), each task reads
@@ -114,7 +114,7 @@ def plan(frame, partitions, layout, num_workers):
 
     if not cluster.direct_parquet(frame.sparkSession):
         return None
-    scan = cluster.plain_parquet_scan(frame)
+    scan = plain_scan(frame)
     if scan is None:
         return None
     paths, repartitioned = scan
@@ -150,7 +150,7 @@ def _whole_files_of_partitions(frame):
     (Spark splits only files larger than spark.sql.files.maxPartitionBytes); else None."""
     import os
 
-    partitions = cluster.file_partitions(frame)
+    partitions = file_partitions(frame)
     if partitions is None:
         return None
     if any(start != 0 or length != os.path.getsize(path) for files in partitions for path, start, length in files):
@@ -184,3 +184,72 @@ def _rows_of_group(parquet, group, row_group, columns, start, stop):
         offset += len(batch)
         if offset >= stop:
             return
+
+
+
+# ---- what Spark's plan says (classic Spark only: Connect shows no plan) ----
+
+def plain_scan(df):
+    """(local files, repartitioned) when ``df``'s plan is nothing but columns of a Parquet scan,
+    repartitioned at most (no filter, no computed column, no cache, no partition columns, only
+    ``file:`` paths); ``repartitioned`` says whether a repartition or coalesce stands on top. Else
+    None; always None under Connect, which shows no plan."""
+    import urllib.parse
+
+    from py4j.protocol import Py4JError
+
+    if cluster.is_connect(df.sparkSession):
+        return None
+    repartitioned = False
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan()
+        while _simple_name(plan) in ("Project", "Repartition", "RepartitionByExpression"):
+            if _simple_name(plan) == "Project" and not _is_plain_projection(plan):
+                return None
+            repartitioned = repartitioned or _simple_name(plan) != "Project"
+            plan = plan.child()
+        if _simple_name(plan) != "LogicalRelation":
+            return None
+        relation = plan.relation()
+        if (_simple_name(relation) != "HadoopFsRelation" or _simple_name(relation.fileFormat()) != "ParquetFileFormat"
+                or relation.partitionSchema().length() > 0):
+            return None
+    except Py4JError:
+        return None
+    files = df.inputFiles()
+    if not files or any(urllib.parse.urlparse(uri).scheme not in ("", "file") for uri in files):
+        return None
+    return sorted(_local_path(uri) for uri in files), repartitioned
+
+
+def file_partitions(df):
+    """Spark's own split of a plain file scan (see ``plain_scan``) into its partitions: per
+    partition, the (local path, first byte, bytes) ranges of files it reads, in order; None if the plan
+    cannot tell."""
+    from py4j.protocol import Py4JError
+
+    try:
+        leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
+        if leaves.size() != 1 or _simple_name(leaves.apply(0)) != "FileSourceScanExec":
+            return None
+        partitions = leaves.apply(0).inputRDD().filePartitions()
+        return [[(_local_path(f.filePath().toString()), f.start(), f.length()) for f in partitions.apply(i).files()]
+                for i in range(partitions.size())]
+    except Py4JError:
+        return None
+
+
+def _simple_name(java_object):
+    return java_object.getClass().getSimpleName()
+
+
+def _is_plain_projection(node):
+    columns = node.projectList()
+    return all(_simple_name(columns.apply(i)) == "AttributeReference" for i in range(columns.size()))
+
+
+def _local_path(uri):
+    """The path of a ``file:`` URI (percent-escapes undone)."""
+    import urllib.parse
+
+    return urllib.parse.unquote(urllib.parse.urlparse(uri).path)

@@ -89,6 +89,9 @@ def test_early_stopping_stops_every_worker_on_the_val_loss_of_all_of_them(opposi
     assert result.stopped_epoch == 1 and result.epochs == 2  # epoch 0 is the best, epoch 1 no better
     assert [w["steps"] for w in result.workers] == [2, 2]
     assert training_processes() == []
+    axis, = result.plot().axes  # one panel, loss and its validation twin
+    assert [line.get_label() for line in axis.get_lines()] == ["loss", "val_loss"]
+    assert list(axis.get_lines()[1].get_ydata()) == pytest.approx([6.74, 7.2104], rel=1e-5)
 
 
 def test_reduce_lr_on_plateau_lowers_every_workers_rate_alike(opposite_workers):
