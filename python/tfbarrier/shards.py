@@ -271,10 +271,30 @@ def decode_image(data, image_shape):
     import tensorflow as tf
 
     height, width, channels = image_shape
-    image = tf.io.decode_image(data, channels=channels, expand_animations=False)
-    image = tf.image.resize(image, (height, width))
+    image = tf.image.resize(_decoded(data, channels), (height, width))
     image.set_shape(image_shape)
     return image
+
+
+def _decoded(data, channels):
+    """``data`` decoded to ``channels`` (1, 3 or 4) channels, uint8. TensorFlow decodes a BMP to 3 or 4
+    channels and a GIF to 3 only: to another count, they are decoded as RGB, then made gray or opaque."""
+    import tensorflow as tf
+
+    def decode(count):
+        return tf.io.decode_image(data, channels=count, expand_animations=False)
+
+    if channels == 3:
+        return decode(3)
+
+    def from_rgb():
+        rgb = decode(3)
+        if channels == 1:
+            return tf.image.rgb_to_grayscale(rgb)
+        return tf.concat([rgb, tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))], -1)
+
+    rgb_only = tf.logical_or(tf.equal(tf.strings.substr(data, 0, 2), "BM"), tf.equal(tf.strings.substr(data, 0, 4), "GIF8"))
+    return tf.cond(rgb_only, from_rgb, lambda: decode(channels))
 
 
 def undecodable_row(rows, image_shape):

@@ -1,6 +1,7 @@
 """Encoded images as features: PNG files read with Spark's binaryFile source, decoded in the training
 processes (fit) and on the executors (predict); broken files are named by their row."""
 
+import io
 import os
 
 import numpy as np
@@ -102,6 +103,65 @@ def test_a_corrupt_image_fails_the_fit_with_its_row_in_the_partition(spark, digi
                       verbose=0)
     assert caught.value.worker == 1
     assert training_processes() == []
+
+
+def encoded(pixels, image_format, mode="L", scale=1):
+    """An 8x8 grayscale image as a file of ``image_format`` (Pillow's), stored in ``mode`` ("L", "RGB"),
+    each pixel a ``scale`` x ``scale`` block."""
+    from PIL import Image
+
+    image = Image.fromarray(np.asarray(pixels, np.uint8).reshape(8, 8))
+    image = image.resize((8 * scale, 8 * scale), Image.NEAREST).convert(mode)
+    buffer = io.BytesIO()
+    image.save(buffer, format=image_format)
+    return buffer.getvalue()
+
+
+def test_jpeg_gif_bmp_color_and_larger_images_are_decoded_to_the_models_input(spark, digits):
+    """Each file becomes the model's (8, 8, 1) in 0-255: color made gray, a 16x16 image resized (its 2x2
+    blocks average to the pixel), a JPEG as Pillow decodes it (lossy: within 2 levels)."""
+    import keras
+    from PIL import Image
+
+    cases = [("PNG", "L", 1), ("BMP", "RGB", 1), ("GIF", "L", 1), ("PNG", "RGB", 2), ("JPEG", "L", 1)]
+    images = [np.round(p * 255) for p in digits[1]["pixels"][:4]]
+    rows = pd.DataFrame([{"content": encoded(pixels, *case), "case": " ".join(map(str, case)), "image": i}
+                         for i, pixels in enumerate(images) for case in cases])
+    identity = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                                 keras.layers.Dense(64, use_bias=False, kernel_initializer="identity")])
+    scored = tfbarrier.predict(spark.createDataFrame(rows), identity, features="content", output="raw").toPandas()
+    for _, row in scored.iterrows():
+        got = np.asarray(row["prediction"])
+        if row["case"].startswith("JPEG"):
+            expected = np.asarray(Image.open(io.BytesIO(row["content"])).convert("L"), np.float32).ravel()
+            np.testing.assert_allclose(got, expected, atol=2, err_msg=row["case"])
+        else:
+            np.testing.assert_allclose(got, images[row["image"]].ravel(), atol=1, err_msg=row["case"])
+
+
+def test_images_are_decoded_to_a_four_channel_input_opaque(spark, digits):
+    """RGBA input: a GIF or a BMP (which TensorFlow decodes to RGB) gets an opaque alpha, as a PNG saved
+    as RGBA has."""
+    import keras
+
+    pixels = np.round(digits[1]["pixels"][0] * 255)
+    cases = [("GIF", "L"), ("BMP", "RGB"), ("PNG", "RGBA")]
+    rows = pd.DataFrame({"content": [encoded(pixels, *case) for case in cases]})
+    identity = keras.Sequential([keras.Input((8, 8, 4)), keras.layers.Flatten(),
+                                 keras.layers.Dense(256, use_bias=False, kernel_initializer="identity")])
+    scored = tfbarrier.predict(spark.createDataFrame(rows), identity, features="content", output="raw").toPandas()
+    expected = np.stack([pixels, pixels, pixels, np.full(64, 255.0)], axis=-1).ravel()
+    for case, got in zip(cases, scored["prediction"]):
+        np.testing.assert_allclose(np.asarray(got), expected, atol=1, err_msg=str(case))
+
+
+def test_predict_on_a_corrupt_image_fails_with_its_row_in_the_partition(spark, image_fit, digits):
+    frame = digits[1].iloc[:8].reset_index(drop=True)
+    rows = pd.DataFrame({"content": [png(np.round(p * 255)) for p in frame["pixels"]]})
+    rows.loc[5, "content"] = rows.loc[5, "content"][:30]
+    df = partitioned(spark, rows, lambda i: int(i >= 4), 2)  # row 1 of partition 1
+    with pytest.raises(Exception, match=r"row 1 of the partition does not decode as an image"):
+        tfbarrier.predict(df, image_fit, features="content").collect()
 
 
 def test_spark_image_source_is_refused_with_the_binary_file_fix(spark, image_dirs):
