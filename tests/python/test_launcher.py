@@ -11,8 +11,12 @@ def test_a_training_process_log_does_not_open_with_pythons_runpy_warning():
     # (and so every WorkerError's log tail) started with "RuntimeWarning: 'tfbarrier.worker' found in sys.modules".
     process = TrainingProcess(dict(os.environ, PYTHONWARNINGS="default"))
     try:
-        time.sleep(3)  # runpy warns before the module runs, at once
-        assert process.alive()
+        deadline = time.monotonic() + 120
+        with open(f"/proc/{process.pid}/comm") as comm:  # main() names it first: runpy is behind it then
+            while comm.read().strip() != "tfb-spare":
+                assert process.alive() and time.monotonic() < deadline, process.log_tail()
+                time.sleep(0.05)
+                comm.seek(0)
         assert "found in sys.modules" not in process.log_tail()
     finally:
         process.stop(grace=0)

@@ -19,13 +19,28 @@ def idle_spares():
     return sorted(set(training_processes(spares=True)) - set(training_processes()))
 
 
-def fit(wait=1):
+def wait_for(condition, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def fit(spares=2, idle_out=False):
+    """A fit, then its ``spares`` idle spares awaited (their keepers start them after the tasks end) and,
+    with ``idle_out``, awaited until they are gone. With ``spares=0``, a second for any to appear."""
     result = tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64)
-    time.sleep(wait)  # the spares' keepers start
+    if spares:
+        wait_for(lambda: len(idle_spares()) >= spares)
+    else:
+        time.sleep(1)
+    seen = idle_spares()
+    if idle_out:
+        wait_for(lambda: not idle_spares())
     report["fits"].append({
         "warm": [w["warm_start"] for w in result.workers],
         "checksums": [w["checksum"] for w in result.workers],
         "tensorflow_import": [w["timings"]["tensorflow_import"] for w in result.workers],
+        "spares_seen": seen,
         "spares": idle_spares(),
         "busy": training_processes(),
     })
@@ -34,10 +49,10 @@ def fit(wait=1):
 fit()
 fit()
 spark.conf.set("spark.tfbarrier.spareIdleTimeout", "2")
-fit(wait=6)  # leaves spares that give up after 2 s
+fit(idle_out=True)  # leaves spares that give up after 2 s
 spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
 spark.conf.set("spark.tfbarrier.warmStart", "false")
-fit()
+fit(spares=0)
 spark.conf.unset("spark.tfbarrier.warmStart")
 fit()  # leaves spares for spark.stop() to end
 report["keepers"] = training_processes(spares=True, module="tfbarrier.spares")
