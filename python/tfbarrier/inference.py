@@ -15,6 +15,7 @@ executor's environment, every model load appends a line ``<pid> <model id>`` to 
 """
 
 import collections
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -155,11 +156,21 @@ def _weights_file(scoring):
                 f"this executor could not fetch the model from the driver at {endpoint['host']}:{endpoint['port']} "
                 f"({type(exc).__name__}: {exc}): executors must reach the driver on that port, or set "
                 "spark.tfbarrier.driverLink=false to send models through Spark") from None
-    kept = sorted((os.path.join(directory, name) for name in os.listdir(directory) if ".part-" not in name),
-                  key=os.path.getmtime, reverse=True)
-    for old in kept[MODELS_KEPT:]:
-        os.unlink(old)
+    prune_models(directory, MODELS_KEPT)
     return path
+
+
+def prune_models(directory, kept):
+    """Delete all but the ``kept`` most recently used weights files in ``directory``. The host's other
+    Python workers may prune at the same moment: a file they deleted first is not an error."""
+    used = {}
+    for entry in os.scandir(directory):
+        if ".part-" not in entry.name:
+            with contextlib.suppress(FileNotFoundError):
+                used[entry.path] = entry.stat().st_mtime
+    for old in sorted(used, key=used.get, reverse=True)[kept:]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(old)
 
 
 def _load(scoring):

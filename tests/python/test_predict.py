@@ -1,5 +1,10 @@
 """predict(): scoring a Spark DataFrame on the executors."""
 
+import multiprocessing
+import os
+import threading
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -145,3 +150,46 @@ def test_predict_local_matches_keras_and_distributed_outputs(model, rows):
     np.testing.assert_allclose(predict_local(model, x, output="probabilities"), probabilities, atol=1e-5)
     with pytest.raises(ModelError, match="each row has 3 feature values"):
         predict_local(model, x[:, :3])
+
+
+
+def _prune_in_rounds(barrier, directory, rounds, failures):
+    from tfbarrier.inference import prune_models
+    try:
+        for _ in range(rounds):
+            barrier.wait()
+            prune_models(directory, 2)
+            barrier.wait()
+    except threading.BrokenBarrierError:
+        pass  # another party failed and said why
+    except Exception as exc:
+        failures.put(f"{type(exc).__name__}: {exc}")
+        barrier.abort()
+
+
+def test_python_workers_pruning_the_hosts_weights_files_at_once_do_not_fail(tmp_path):
+    """Python workers of one executor host may prune its weights files at the same moment (CI saw
+    FileNotFoundError when two deleted the same old file): none fails and the newest files stay."""
+    context = multiprocessing.get_context("spawn")
+    workers, rounds = 4, 20
+    barrier, failures = context.Barrier(workers + 1, timeout=120), context.Queue()
+    processes = [context.Process(target=_prune_in_rounds, args=(barrier, str(tmp_path), rounds, failures))
+                 for _ in range(workers)]
+    for process in processes:
+        process.start()
+    try:
+        for round_ in range(rounds):
+            for i in range(100):
+                path = tmp_path / f"{round_}-{i:03}.safetensors"
+                path.write_bytes(b"w")
+                os.utime(path, (time.time() - 10_000 + round_ * 100 + i,) * 2)
+            barrier.wait()  # the workers prune
+            barrier.wait()
+            assert sorted(p.name for p in tmp_path.iterdir()) == [f"{round_}-098.safetensors",
+                                                                  f"{round_}-099.safetensors"]
+    except threading.BrokenBarrierError:
+        pass  # a worker failed: the assertion below names its error
+    finally:
+        for process in processes:
+            process.join(60)
+    assert failures.empty(), failures.get()
