@@ -9,7 +9,8 @@
 #' @param model A compiled Keras model built through reticulate or `keras3` (Keras 3 or tf_keras),
 #'   e.g. [tf_keras_cnn_example()].
 #' @param features One array column (e.g. a flat image, reshaped to the model's input shape),
-#'   several numeric columns, or one binary column of encoded images (the `content` of
+#'   several numeric columns, one Spark ML vector column (dense or sparse, e.g. `ft_vector_assembler()`'s),
+#'   or one binary column of encoded images (the `content` of
 #'   `tf_spark_dataframe(spark, dir, format = "binaryFile")`), decoded in the training processes and
 #'   resized to the model's `(height, width, channels)` input as values in 0-255.
 #' @param label A numeric column.

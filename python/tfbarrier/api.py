@@ -8,6 +8,7 @@ import time
 from . import checks, cluster, gpus, memory, parquet_source, stage, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
+from .features import layout as features_layout
 from .fit_job import VALIDATION_COLUMN, FitJob
 from .job import ApplyJob, RunJob, pickle_user_code
 from .model_spec import ModelSpec
@@ -26,7 +27,7 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
     empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, in one
     shuffle (_with_validation_rows)."""
-    frame = data.select(*layout.columns)
+    frame = data.select(*layout.projection(data.sparkSession))
     partitions = cluster.num_partitions(frame)
     source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
     profile = source.profile if source else checks.profile(frame, layout)
@@ -46,7 +47,8 @@ def _with_validation_rows(frame, keep, validation_data, layout, num_workers, inp
     however few rows it has); otherwise each of its partitions is dealt round-robin to the workers."""
     from pyspark.sql import functions as F
 
-    held = validation_data.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
+    held = validation_data.select(*layout.projection(validation_data.sparkSession))
+    held = held.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
     checks.check_profile(checks.profile(held, layout), layout, 1, input_shape, what="validation_data")
     keys = cluster.partition_keys(frame.sparkSession, num_workers)
     placed = [cluster.with_partition_key(part, PARTITION_KEY, keys, kept).withColumn(VALIDATION_COLUMN, F.lit(flag))
@@ -235,7 +237,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     data_seed = random.randrange(2**31) if seed is None else seed  # the same shuffling on every attempt
     verbose = checks.verbosity(verbose)
     tensorboard_dir = checks.directory("tensorboard_dir", tensorboard_dir)
-    layout = checks.layout(data.schema, features, label, weight=sample_weight)
+    layout = features_layout(data.schema, features, label, weight=sample_weight)
     class_weight = checks.class_weights(class_weight)
     validation_data, validation_split, validation_freq = checks.validation_arguments(
         validation_data, validation_split, validation_freq, features, label, sample_weight)

@@ -1,20 +1,17 @@
 """The driver's checks of the arguments and the data (columns, shapes, values), each raising an error that
 names the problem and the fix. All but one run before any cluster work: ``profile`` reads the data in one
-Spark job. ``check_input_width`` and ``check_image_input`` also run in the tasks, on the shard they wrote
-(a plain Parquet scan is checked there, row by row)."""
+Spark job. What the feature columns must hold is their layout's to say (features.py), here and again in
+the tasks, on the shard they wrote (a plain Parquet scan is checked there, row by row)."""
 
-import dataclasses
 import difflib
 import inspect
-import math
 import numbers
 import os
 
-from . import shards
 from .communication import COMPRESSIONS
-from .errors import ColumnError, InvalidArgumentError, ModelError
+from .errors import ColumnError, InvalidArgumentError
+from .features import layout as features_layout
 from .job import pickle_user_code
-from .shards import Layout
 
 
 def no_unknown_arguments(function_name, unknown, function):
@@ -127,88 +124,15 @@ def spark_dataframe(data, name="data"):
     return data
 
 
-def _is_numeric(data_type):
-    from pyspark.sql.types import BooleanType, NumericType
-
-    return isinstance(data_type, NumericType) and not isinstance(data_type, BooleanType)
-
-
-def layout(schema, features, label=None, scoring=False, weight=None):
-    """The Layout of the training columns (``scoring``: the feature columns alone; ``weight``: a
-    column of sample weights), or a ColumnError naming the column and the fix."""
-    if weight is not None:
-        if not isinstance(weight, str):
-            raise InvalidArgumentError(f"sample_weight must be a column name, got {weight!r}")
-        found = {field.name: field.dataType for field in schema.fields}.get(weight)
-        if found is None or not _is_numeric(found):
-            raise ColumnError(f"sample_weight column {weight!r} must be a numeric column of the DataFrame"
-                              + ("" if found is None else f", not {found.simpleString()}"))
-        return dataclasses.replace(layout(schema, features, label, scoring), weight=weight)
-    if isinstance(features, str):
-        features = [features]
-    if not features or not all(isinstance(f, str) for f in features):
-        raise InvalidArgumentError("features must be a column name or a non-empty list of column names")
-    if not scoring and not isinstance(label, str):
-        raise InvalidArgumentError(f"label must be a column name, got {label!r}")
-    types = {field.name: field.dataType for field in schema.fields}
-    for name in [*features] + ([] if scoring else [label]):
-        if name not in types:
-            raise ColumnError(f"column {name!r} is not in the DataFrame; its columns are {sorted(types)}")
-    if not scoring and not _is_numeric(types[label]):
-        raise ColumnError(
-            f"label column {label!r} has type {types[label].simpleString()}; it must be numeric "
-            "(class ids as integers, or a float target): cast or index it first"
-        )
-    kind = _features_kind(features, types)
-    if kind == shards.ARRAY:
-        element = types[features[0]].elementType
-        if not _is_numeric(element):
-            raise ColumnError(
-                f"feature column {features[0]!r} is an array of {element.simpleString()}; it must hold numbers"
-            )
-    elif kind == shards.COLUMNS:
-        for name in features:
-            if not _is_numeric(types[name]):
-                raise ColumnError(
-                    f"feature column {name!r} has type {types[name].simpleString()}; features must be "
-                    "numeric columns, one array column of numbers, or one binary column of encoded images"
-                )
-    return Layout(features=tuple(features), label=None if scoring else label, kind=kind)
-
-
-def _features_kind(features, types):
-    from pyspark.sql.types import ArrayType, BinaryType, StructType
-
-    if len(features) != 1:
-        return shards.COLUMNS
-    data_type = types[features[0]]
-    if isinstance(data_type, StructType) and {"height", "width", "nChannels", "data"} <= set(data_type.names):
-        raise ColumnError(
-            f"feature column {features[0]!r} is a struct of Spark's image data source, which holds decoded "
-            "pixels in BGR order; read the files with spark.read.format(\"binaryFile\").load(path) instead "
-            "and pass its \"content\" column (the encoded images, decoded in the training processes)"
-        )
-    if isinstance(data_type, BinaryType):
-        return shards.IMAGE
-    return shards.ARRAY if isinstance(data_type, ArrayType) else shards.COLUMNS
-
-
 def profile(df, layout):
     """One aggregate pass over the training columns: rows, the partitions that hold any
-    (``nonempty_partitions``), nulls per column and, for an array column, the shortest and longest
-    array and the rows with null elements."""
+    (``nonempty_partitions``), nulls per column, and what the layout measures (features.py)."""
     from pyspark.sql import functions as F
 
     partition = "__tfbarrier_partition"  # projected first: Spark refuses it inside an aggregate
     aggregates = [F.count(F.lit(1)).alias("rows"), F.count_distinct(partition).alias("nonempty_partitions")]
     aggregates += [F.count_if(F.col(name).isNull()).alias(f"nulls_{i}") for i, name in enumerate(layout.columns)]
-    if layout.kind == shards.ARRAY:
-        array = F.col(layout.features[0])
-        aggregates += [
-            F.min(F.size(array)).alias("min_length"),
-            F.max(F.size(array)).alias("max_length"),
-            F.count_if(F.exists(array, lambda value: value.isNull())).alias("null_elements"),
-        ]
+    aggregates += layout.aggregates()
     return df.withColumn(partition, F.spark_partition_id()).agg(*aggregates).collect()[0].asDict()
 
 
@@ -234,7 +158,7 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
         raise InvalidArgumentError("pass validation_data or validation_split, not both")
     if validation_data is not None:
         validation_data = spark_dataframe(validation_data, "validation_data")
-        layout(validation_data.schema, features, label, weight=weight)  # the same columns, of usable types
+        features_layout(validation_data.schema, features, label, weight=weight)  # the same columns, usable types
     if validation_split is not None:
         if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
                 or not 0 < validation_split < 1:
@@ -336,45 +260,4 @@ def check_profile(profile, layout, num_workers, input_shape, what="the DataFrame
                 "drop or impute them first, e.g. "
                 f"df.dropna(subset={layout.columns!r})"
             )
-    if layout.kind == shards.IMAGE:
-        check_image_input(input_shape)
-        return
-    width = len(layout.features)
-    if layout.kind == shards.ARRAY:
-        name = layout.features[0]
-        if profile["null_elements"]:
-            raise ColumnError(
-                f"feature column {name!r} has {profile['null_elements']} array(s) with null elements: "
-                "impute them first"
-            )
-        if profile["min_length"] != profile["max_length"]:
-            raise ColumnError(
-                f"feature column {name!r} holds arrays of different lengths ({profile['min_length']} to "
-                f"{profile['max_length']}); every row must have the same length (filter or pad first)"
-            )
-        width = profile["min_length"]
-    check_input_width(width, input_shape)
-
-
-def check_input_width(width, input_shape):
-    """Refuse data whose rows do not fill the model's per-sample input shape."""
-    if width is None or input_shape is None or None in input_shape:
-        return
-    needed = math.prod(input_shape)
-    if width != needed:
-        raise ModelError(
-            f"each row has {width} feature values but the model's input shape {tuple(input_shape)} needs "
-            f"{needed}: choose the matching feature columns or change the model's input"
-        )
-
-
-def check_image_input(input_shape):
-    """Refuse a model that cannot take decoded images: its input must be (height, width, channels)."""
-    if input_shape is None:
-        return
-    shape = tuple(input_shape)
-    if len(shape) != 3 or None in shape or shape[2] not in shards.IMAGE_CHANNELS:
-        raise ModelError(
-            f"the features are encoded images, so the model's input shape must be (height, width, channels) "
-            f"with 1, 3 or 4 channels (images are resized to it), got {shape}; e.g. keras.Input((224, 224, 3))"
-        )
+    layout.check_profile(profile, input_shape)

@@ -25,7 +25,7 @@ class FitJob(Job):
     and where its state goes (checkpoints, saved models, TensorBoard)."""
 
     model: object = None  # ModelSpec
-    layout: object = None  # shards.Layout
+    layout: object = None  # features.Features
     source: list = None  # per worker, the parquet_source.Slices its task reads; None: its partition
     epochs: int = 1
     batch_size: int = 32  # global batch size, split evenly across workers

@@ -17,7 +17,7 @@ import cloudpickle
 import tensorflow as tf
 import tf_keras
 
-from . import checks, communication, evaluation, memory, pacing, protocol, saving, shards
+from . import communication, evaluation, memory, pacing, protocol, saving, shards
 from .checkpoints import Checkpoints, resume_point, start_of
 from .errors import ColumnError
 from .job import port_clash_is_retryable
@@ -50,7 +50,7 @@ def train(job, config, channel):
         # merge_call); "auto" would add up every replica's identical copy, at two all-reduces per step.
         model.distribute_reduction_method = "first"
     input_shape = tuple(model.input_shape[1:])
-    _check_input(shard, input_shape)
+    job.layout.check_input(input_shape, shard.width)  # a model function's input shape is known only here
     baseline_mb, _ = resident_mb()
     if job.memory_check:
         batch = memory.batch_bytes(job.batch_size, num_workers, input_shape)
@@ -135,7 +135,7 @@ def _validation_data(job, strategy, config, input_shape, training):
     path = os.path.join(os.path.dirname(config["shard"]), protocol.VALIDATION_FILE)
     shard = shards.Shard.open(path, config["validation_rows"])
     if shard.rows:
-        _check_input(shard, input_shape)
+        job.layout.check_input(input_shape, shard.width)
     else:  # this worker validates padding only, in the form of its training rows (an empty file has none)
         shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype)
     steps = config["validation_steps"]
@@ -291,14 +291,6 @@ def resident_mb():
         current = None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
     return current, peak / (2**20 if sys.platform == "darwin" else 1024)
-
-
-def _check_input(shard, input_shape):
-    """A model function's input shape is known only here."""
-    if shard.images:
-        checks.check_image_input(input_shape)
-    else:
-        checks.check_input_width(shard.width, input_shape)
 
 
 def _fit(model, dataset, shard, input_shape, **fit_args):

@@ -26,6 +26,8 @@ import pyarrow as pa
 
 from . import checks, cluster, driver_link, shards, transfer
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
+from .features import check_width
+from .features import layout as features_layout
 from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
 from .results import FitResult
 from .settings import MODEL_LOAD_LOG_ENV
@@ -85,7 +87,7 @@ def predict_local(model, x, output="class", batch_size=1024):
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
     input_shape = tuple(model.input_shape[1:])
     x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    checks.check_input_width(x.shape[1], input_shape)
+    check_width(x.shape[1], input_shape)
     raw = np.asarray(model.predict(x.reshape((-1, *input_shape)), batch_size=batch_size, verbose=0))
     return _outputs(raw.reshape(len(x), -1).astype(np.float32), output, _output_transform(model, output))
 
@@ -238,12 +240,12 @@ def _scorer(scoring, layout, input_shape, output, transform, batch_size):
             if model is None:
                 model = _load(scoring)
             batch = pa.RecordBatch.from_struct_array(struct)
-            if layout.kind == shards.IMAGE:
-                rows = shards.encoded_images(batch, layout).to_numpy(zero_copy_only=False)
+            if layout.images:
+                rows = layout.x(batch).to_numpy(zero_copy_only=False)
                 raw = _image_outputs(model, rows, input_shape, batch_size, offset)
             else:
-                x = shards.to_numpy(shards.feature_matrix(batch, layout))
-                checks.check_input_width(x.shape[1] if len(x) else None, input_shape)
+                x = shards.to_numpy(layout.x(batch))
+                layout.check_input(input_shape, x.shape[1] if len(x) else None)
                 raw = _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
             offset += len(batch)
             values = _outputs(raw, output, transform)
@@ -292,13 +294,9 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
     if output == "features":
         model = feature_extractor(model, layer)
-    layout = checks.layout(data.schema, features, scoring=True)
+    layout = features_layout(data.schema, features, scoring=True)
     input_shape = tuple(model.input_shape[1:])
-    # No Spark job here (predict stays lazy): array lengths are checked batch by batch on the executors.
-    if layout.kind == shards.IMAGE:
-        checks.check_image_input(input_shape)
-    else:
-        checks.check_input_width(len(layout.features) if layout.kind == shards.COLUMNS else None, input_shape)
+    layout.check_input(input_shape)  # predict stays lazy: array lengths are checked batch by batch in the tasks
     transform = _output_transform(model, output)
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F
@@ -306,4 +304,4 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
 
     score = _scorer(_scoring_model(data.sparkSession, model), layout, input_shape, output, transform, batch_size)
     udf = arrow_udf(score, "long" if output == "class" else "array<float>")
-    return data.withColumn(output_col, udf(F.struct(*layout.features)))
+    return data.withColumn(output_col, udf(F.struct(*layout.feature_projection(data.sparkSession))))

@@ -18,6 +18,7 @@ from Spark's schema or whose footer cannot vouch for the absence of nulls, and e
 import dataclasses
 
 from . import cluster, shards
+from .features import ArrayColumn
 
 TARGET_BATCH_BYTES = shards.RECORD_BATCH_BYTES  # rows per read batch: about this many bytes
 
@@ -132,7 +133,7 @@ def plan(frame, partitions, layout, num_workers):
         files.append((path, metadata.num_rows))
         rows += metadata.num_rows
     profile = {"rows": rows, **{f"nulls_{i}": 0 for i in range(len(layout.columns))}}
-    if layout.kind == shards.ARRAY:
+    if isinstance(layout, ArrayColumn):  # its profile measures the arrays' lengths
         width = next((w for w in (_first_width(p, layout.features[0]) for p, n in files if n) if w is not None), 0)
         profile.update(min_length=width, max_length=width, null_elements=0)
     file_rows = dict(files)

@@ -25,61 +25,6 @@ RECORD_BATCH_BYTES = 4 * 2**20  # a shard's record batches: the unit the reader 
 SHUFFLE_BUFFER_ROWS = 10_000  # the default shuffle buffer, in rows...
 SHUFFLE_BUFFER_BYTES = 64 * 2**20  # ...and at most this many bytes of the shard's rows
 PREFETCH_BATCHES = 2  # batches a worker's pipeline prepares ahead of its steps
-ARRAY, COLUMNS, IMAGE = "array", "columns", "image"  # Layout.kind
-IMAGE_CHANNELS = (1, 3, 4)
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Which columns hold the features and the label (None when scoring), and their kind: ``"array"``
-    (one array column of numbers, for example a flat image), ``"columns"`` (numeric columns) or
-    ``"image"`` (one binary column of encoded image files, decoded in the training process)."""
-
-    features: tuple
-    label: str
-    kind: str
-    weight: str = None  # a numeric column of sample weights (fit's sample_weight), or None
-
-    @property
-    def columns(self):
-        labels = [name for name in (self.label, self.weight) if name is not None]
-        return [*self.features, *labels]
-
-
-def feature_matrix(batch, layout):
-    """The batch's features as a FixedSizeListArray of float32 (one row per example)."""
-    if layout.kind == ARRAY:
-        name = layout.features[0]
-        column = batch.column(name)
-        lengths = pc.min_max(pc.list_value_length(column))
-        if column.null_count or lengths["min"].as_py() != lengths["max"].as_py():
-            raise ColumnError(
-                f"feature column {name!r} has null rows or arrays of different lengths; every row must "
-                "be an array of the same length (filter or pad the data first)"
-            )
-        values = column.flatten()
-        width = lengths["min"].as_py() or 0
-    else:
-        arrays = [batch.column(name) for name in layout.features]
-        for name, array in zip(layout.features, arrays):
-            if array.null_count:
-                raise ColumnError(f"feature column {name!r} has null values: drop or impute them first")
-        width = len(arrays)
-        columns = [a.to_numpy(zero_copy_only=False) for a in arrays]
-        stacked = np.column_stack(columns) if len(batch) else np.empty((0, width))
-        values = pa.array(stacked.reshape(-1).astype(np.float32))
-    if values.null_count:
-        raise ColumnError(f"feature column {layout.features[0]!r} has null values inside its arrays")
-    return pa.FixedSizeListArray.from_arrays(pc.cast(values, pa.float32()), width)
-
-
-def encoded_images(batch, layout):
-    """The batch's image column as a binary array (one encoded image file per row)."""
-    name = layout.features[0]
-    column = batch.column(name)
-    if column.null_count:
-        raise ColumnError(f"image column {name!r} has null rows: drop them first")
-    return column.cast(pa.binary()) if pa.types.is_large_binary(column.type) else column
 
 
 def _training_batch(batch, layout):
@@ -87,7 +32,7 @@ def _training_batch(batch, layout):
     label = batch.column(layout.label)
     if label.null_count:
         raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
-    x = encoded_images(batch, layout) if layout.kind == IMAGE else feature_matrix(batch, layout)
+    x = layout.x(batch)
     if layout.weight is None:
         return pa.RecordBatch.from_arrays([x, label], ["x", "y"])
     weight = batch.column(layout.weight)
@@ -126,14 +71,9 @@ class _ShardFile:
         if not len(batch):
             return
         for piece in _bounded([_training_batch(batch, self.layout)]):
-            if self.layout.kind == ARRAY:
+            if not self.layout.images:
                 self.widths.add(piece.schema.field("x").type.list_size)
-                if len(self.widths) > 1:
-                    raise ColumnError(
-                        f"feature column {self.layout.features[0]!r} holds arrays of different lengths "
-                        f"({min(self.widths)} to {max(self.widths)}); every row must have the same length "
-                        "(filter or pad first)"
-                    )
+                self.layout.check_widths(min(self.widths), max(self.widths))
             _digest(self.digest, piece)
             if self.writer is None:
                 self.writer = pa.ipc.new_file(self.path, piece.schema)
@@ -143,8 +83,7 @@ class _ShardFile:
     def close(self):
         """(rows, checksum); a shard without rows is still a (row-less) file."""
         if self.writer is None:
-            x_type = pa.binary() if self.layout.kind == IMAGE else pa.list_(pa.float32(), 1)
-            fields = [("x", x_type), ("y", pa.float32())] + ([("w", pa.float32())] if self.layout.weight else [])
+            fields = [("x", self.layout.empty_x_type()), ("y", pa.float32())] + ([("w", pa.float32())] if self.layout.weight else [])
             self.writer = pa.ipc.new_file(self.path, pa.schema(fields))
         self.writer.close()
         return self.rows, self.digest.hexdigest()

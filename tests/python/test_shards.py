@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from tfbarrier import shards
+from tfbarrier.features import ArrayColumn
 
 WIDTH = 6
 
@@ -18,7 +19,7 @@ def write_shard(tmp_path, name, rows, start=0):
                                            "label": values[i:i + 7].astype(np.int64)})
                for i in range(0, rows, 7)]
     path = str(tmp_path / name)
-    written, _ = shards.write(batches, path, shards.Layout(("f",), "label", shards.ARRAY))
+    written, _ = shards.write(batches, path, ArrayColumn(("f",), "label"))
     return shards.Shard.open(path, written)
 
 
@@ -115,7 +116,7 @@ def test_a_validation_shard_takes_only_the_marked_rows_even_when_a_batch_has_non
     batches = [pa.RecordBatch.from_pydict({"f": [[float(v)] * WIDTH for v in range(i, i + 7)],
                                            "label": list(range(i, i + 7)), "held": [i == 14] * 7})
                for i in range(0, 21, 7)]
-    layout = shards.Layout(("f",), "label", shards.ARRAY)
+    layout = ArrayColumn(("f",), "label")
     held = (str(tmp_path / "validation"), lambda batch: batch.column("held"))
     (rows, _), (held_rows, _) = shards.write(batches, str(tmp_path / "training"), layout, held)
     validation = shards.Shard.open(str(tmp_path / "validation"), held_rows)

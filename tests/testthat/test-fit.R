@@ -144,3 +144,23 @@ test_that("spark_tf_fit checkpoints every few steps and reports how the model re
                             checkpoint_dir = tempfile("state-"), checkpoint_every = "soon", spark = test_spark()),
                "a number of steps or a duration", class = "InvalidArgumentError")
 })
+
+test_that("a Spark ML vector column (VectorAssembler's: the JVM type ft_vector_assembler makes) trains and scores", {
+  skip_if_no_tfbarrier()
+  data <- digits_split()
+  flat <- function(d) data.frame(d$pixels, digit = d$digit)  # columns X1 ... X64
+  spark <- test_spark()  # Spark ML's Java-backed stages need the SparkContext
+  assembler <- reticulate::import("pyspark.ml.feature")$VectorAssembler(inputCols = paste0("X", 1:64),
+                                                                         outputCol = "features")
+  train <- assembler$transform(tf_spark_dataframe(spark, flat(data$train)))
+  held_out <- assembler$transform(tf_spark_dataframe(spark, flat(data$held_out[1:20, ])))
+  fit <- spark_tf_fit(train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "features",
+                      label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1, spark = test_spark())
+  expect_equal(nrow(fit$history), 2)
+  expect_lt(fit$history$loss[2], fit$history$loss[1])
+  scored <- tf_collect(spark_tf_predict(held_out, fit, spark = test_spark())$select("prediction"))
+  expect_equal(scored$prediction, predict(fit, data$held_out$pixels[1:20, ]))
+  expect_error(spark_tf_fit(train, tf_keras_cnn_example(c(10, 10, 1)), features = "features", label = "digit",
+                            num_workers = 2, spark = test_spark()),
+               "vector column 'features' has vectors of size 64, but the model takes 100", class = "ColumnError")
+})
