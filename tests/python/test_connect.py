@@ -48,3 +48,7 @@ def test_a_sparkcontext_only_option_gives_the_documented_error(connect_outcome):
     message = connect_outcome["archive"]
     assert "PythonEnv.from_archive() needs SparkContext.addArchive, which Spark Connect does not have" in message
     assert "PythonEnv(requirements=...)" in message
+
+
+def test_a_vector_column_trains_a_keras_estimator_whose_saved_model_loads(connect_outcome):
+    assert connect_outcome["spark_ml"] == {"epochs": 2, "same_after_load": True, "same_as_local": True}

@@ -5,16 +5,21 @@ SparkContext). Prints one JSON line."""
 import hashlib
 import json
 import os
+import tempfile
 import time
 
 import numpy as np
 from conftest import digits_cnn, digits_frames, held_out_accuracy, training_processes
+from pyspark.ml.functions import array_to_vector
 from pyspark.sql import SparkSession
+from spark_ml_pipeline import mlp
 from test_apply import describe
 from test_run import big_value, hang, tutorial_train
 
 import tfbarrier
 from tfbarrier.errors import ClusterError, JobTimeoutError
+from tfbarrier.inference import predict_local
+from tfbarrier.ml import KerasEstimator, KerasModel
 
 spark = SparkSession.builder.remote("local[2]").getOrCreate()
 train, held_out = digits_frames()
@@ -51,6 +56,19 @@ scored = tfbarrier.predict(spark.createDataFrame(held_out).repartition(4), resul
 rows = scored.select("row_id", "prediction").toPandas().sort_values("row_id")
 local = np.argmax(result.model.predict(np.stack(held_out["pixels"]).reshape(-1, 8, 8, 1), verbose=0), axis=1)
 outcome["predict"] = {"rows": len(rows), "same_as_local": float(np.mean(rows["prediction"].to_numpy() == local))}
+
+# Spark ML: a vector column into a KerasEstimator, its model saved and loaded (pyspark.ml's own writer)
+vectors = spark.createDataFrame(train).withColumn("vector", array_to_vector("pixels"))
+trained = KerasEstimator(model=mlp(0.01), featuresCol="vector", labelCol="digit", epochs=2, batchSize=64,
+                         verbose=0).fit(vectors)
+saved = os.path.join(tempfile.mkdtemp(prefix="tfbarrier-connect-ml-"), "model")
+trained.write().save(saved)
+first = vectors.limit(20)
+scored = [model.transform(first).select("prediction").toPandas()["prediction"].tolist()
+          for model in (trained, KerasModel.load(saved))]
+local = predict_local(trained.keras_model, np.stack(first.select("pixels").toPandas()["pixels"])).tolist()
+outcome["spark_ml"] = {"epochs": len(trained.history["loss"]), "same_after_load": scored[0] == scored[1],
+                       "same_as_local": scored[0] == [float(c) for c in local]}
 
 archive = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_gpus.sh")  # any existing file
 try:
