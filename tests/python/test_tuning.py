@@ -16,12 +16,36 @@ def cnn(params):
     return model
 
 
+def meet_another_trial(directory, seconds=300):
+    """A callbacks factory whose trial, at the end of its training, waits until a second trial has also
+    ended its training (a trial that finds one there goes on): with trials run one after another the
+    first fails, so two trials that succeed trained at the same time, whatever the machine's load."""
+    def factory():
+        import os
+        import time
+
+        import tf_keras
+
+        class Meet(tf_keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                open(os.path.join(directory, str(os.getpid())), "w").close()
+                deadline = time.monotonic() + seconds
+                while len(os.listdir(directory)) < 2:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no other trial was training within {seconds} s")
+                    time.sleep(0.1)
+
+        return [Meet()]
+
+    return factory
+
+
 @pytest.fixture(scope="module")
-def search(spark, digits):
+def search(spark, digits, tmp_path_factory):
     return tfbarrier.tune(spark.createDataFrame(digits[0]).cache(), cnn,
                           [{"learning_rate": lr} for lr in (0.0001, 0.01, 0.003)], features="pixels",
                           label="digit", validation_split=0.2, metric="val_accuracy", epochs=4, batch_size=64,
-                          verbose=0)
+                          verbose=0, callbacks=meet_another_trial(str(tmp_path_factory.mktemp("meetings"))))
 
 
 def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search, digits):
@@ -29,8 +53,9 @@ def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search
     assert len(trials) == 3 and list(trials["status"]) == ["ok"] * 3
     assert {"trial", "learning_rate", "loss", "accuracy", "val_loss", "val_accuracy", "status", "error", "seconds",
             "started_at", "finished_at", "training_started_at", "training_finished_at"} <= set(trials.columns)
-    # The first two trials trained at the same time, by their chiefs' own clocks (the driver's dispatch
-    # times would overlap even if their stages ran one after the other).
+    # The first two trials trained at the same time: each ended its training only once the other had (a
+    # trial waiting alone would have failed), so by their chiefs' own clocks each one's first step came
+    # before the other's end (the driver's dispatch times would overlap even for stages run in turn).
     first, second = trials.iloc[0], trials.iloc[1]
     assert first["training_started_at"] < second["training_finished_at"]
     assert second["training_started_at"] < first["training_finished_at"]
