@@ -123,11 +123,11 @@ class _Finished:
 
     def __init__(self, dataset, estimators, concurrency):
         self._pool = concurrent.futures.ThreadPoolExecutor(concurrency, thread_name_prefix="tfbarrier-fit")
-        futures = {self._pool.submit(estimator.fit, dataset): index for index, estimator in enumerate(estimators)}
-        self._index = futures
-        self._finished = concurrent.futures.as_completed(futures)
-        self._lock = threading.Lock()
-        self._left = len(futures)
+        self._index_of = {self._pool.submit(estimator.fit, dataset): index
+                          for index, estimator in enumerate(estimators)}
+        self._finished = concurrent.futures.as_completed(self._index_of)
+        self._lock = threading.Lock()  # CrossValidator's threads share the iterator
+        self._left = len(self._index_of)
 
     def __iter__(self):
         return self
@@ -140,7 +140,7 @@ class _Finished:
             self._left -= 1
             if not self._left:
                 self._pool.shutdown(wait=False)
-        return self._index[future], future.result()
+        return self._index_of[future], future.result()
 
 
 class KerasModel(Model, _ScoringParams, MLWritable, MLReadable):

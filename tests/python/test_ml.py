@@ -7,7 +7,7 @@ from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.functions import vector_to_array
-from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
 from spark_ml_pipeline import PIXELS, featurizer, mlp
 
 from tfbarrier.errors import InvalidArgumentError
@@ -82,3 +82,14 @@ def test_cross_validator_trains_each_folds_grid_at_once_and_picks_the_better(pix
     for fold in chosen.subModels:  # the fold's two models trained at the same time, by their chiefs' clocks
         first, second = (model.workers[0] for model in fold)
         assert first["first_step_at"] < second["finished_at"] and second["first_step_at"] < first["finished_at"]
+
+
+def test_train_validation_split_picks_the_better_of_its_grid(pixel_columns):
+    estimator = KerasEstimator(featuresCol="raw", labelCol="digit", epochs=3, batchSize=64, numWorkers=1, seed=1,
+                               verbose=0)
+    grid = ParamGridBuilder().addGrid(estimator.model, [mlp(0.0001), mlp(0.01)]).build()
+    split = TrainValidationSplit(estimator=estimator, estimatorParamMaps=grid, evaluator=accuracy(), trainRatio=0.75,
+                                 seed=7)
+    chosen = split.fit(VectorAssembler(inputCols=PIXELS, outputCol="raw").transform(pixel_columns[0]))
+    assert chosen.validationMetrics[1] > chosen.validationMetrics[0]
+    assert chosen.bestModel.keras_model.optimizer.get_config()["learning_rate"] == pytest.approx(0.01)

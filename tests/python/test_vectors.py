@@ -18,9 +18,9 @@ from tfbarrier.inference import predict_local
 FIT = dict(label="digit", num_workers=2, epochs=2, batch_size=32, seed=3, verbose=0)
 
 
-def softmax_model(width, classes=10):
+def softmax_model(width, classes=10, learning_rate=0.1):
     model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(classes, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="sparse_categorical_crossentropy")
     return model
 
 
@@ -86,6 +86,13 @@ def test_predict_scores_a_vector_column_as_the_array_column(digits_vectors):
                            .select("prediction").toPandas()["prediction"])
                   for column in ("vector", "pixels")]
         assert np.array_equal(*scored), output
+
+
+def test_tune_ranks_trials_on_a_vector_column(digits_vectors):
+    search = tfbarrier.tune(digits_vectors, lambda params: softmax_model(64, learning_rate=params["learning_rate"]),
+                            {"learning_rate": [0.0, 0.1]}, features="vector", label="digit", metric="loss",
+                            epochs=2, batch_size=32, verbose=0)
+    assert list(search.trials["status"]) == ["ok", "ok"] and search.best_params == {"learning_rate": 0.1}
 
 
 def test_vectors_of_another_size_than_the_model_takes_are_refused_naming_both(spark, digits_vectors):
