@@ -62,6 +62,36 @@ def training_processes(spares=False, tag=None, module="tfbarrier.training_proces
             pass
     return found
 
+
+def meet_in_pairs(directory, pairs, seconds=300):
+    """A fit's ``callbacks`` factory proving that fits train two at a time, whatever the machine's load:
+    at the end of its training each of the first ``2 * pairs`` fits (in order of arrival) waits for its
+    partner, the next fit to arrive, and fails after ``seconds`` alone; later fits go on. Fits run one
+    after another fail it. ``directory``: shared by the fits, on this machine."""
+    def factory():
+        import os
+        import time
+        import uuid
+
+        import tf_keras
+
+        class Meet(tf_keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                open(os.path.join(directory, uuid.uuid4().hex), "w").close()
+                arrived = len(os.listdir(directory))
+                if arrived > 2 * pairs:
+                    return
+                deadline = time.monotonic() + seconds
+                while len(os.listdir(directory)) < arrived + arrived % 2:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no other fit was training within {seconds} s")
+                    time.sleep(0.1)
+
+        return [Meet()]
+
+    return factory
+
+
 HELD_OUT = 300
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 

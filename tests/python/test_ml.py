@@ -8,6 +8,7 @@ from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.functions import vector_to_array
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder, TrainValidationSplit
+from conftest import meet_in_pairs
 from spark_ml_pipeline import PIXELS, featurizer, mlp
 
 from tfbarrier.errors import InvalidArgumentError
@@ -70,16 +71,18 @@ def test_a_saved_pipeline_model_loads_and_predicts_the_same(pipeline_model, pixe
     assert before.equals(after)
 
 
-def test_cross_validator_trains_each_folds_grid_at_once_and_picks_the_better(pixel_columns):
+def test_cross_validator_trains_each_folds_grid_at_once_and_picks_the_better(pixel_columns, tmp_path):
     estimator = KerasEstimator(featuresCol="raw", labelCol="digit", epochs=4, batchSize=64, numWorkers=1, seed=1,
-                               verbose=0)
+                               verbose=0, fitArgs={"callbacks": meet_in_pairs(str(tmp_path), pairs=2)})
     grid = ParamGridBuilder().addGrid(estimator.model, [mlp(0.0001), mlp(0.01)]).build()
     search = CrossValidator(estimator=estimator, estimatorParamMaps=grid, evaluator=accuracy(), numFolds=2, seed=7,
                             collectSubModels=True)
     chosen = search.fit(VectorAssembler(inputCols=PIXELS, outputCol="raw").transform(pixel_columns[0]))
     assert len(chosen.avgMetrics) == 2 and chosen.avgMetrics[1] > chosen.avgMetrics[0]
     assert chosen.bestModel.keras_model.optimizer.get_config()["learning_rate"] == pytest.approx(0.01)
-    for fold in chosen.subModels:  # the fold's two models trained at the same time, by their chiefs' clocks
+    # Each fold's two models met at the end of their training (models trained in turn fail), so by their
+    # chiefs' clocks each one's first step came before the other's end.
+    for fold in chosen.subModels:
         first, second = (model.workers[0] for model in fold)
         assert first["first_step_at"] < second["finished_at"] and second["first_step_at"] < first["finished_at"]
 

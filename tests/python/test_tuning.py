@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import digits_cnn, held_out_accuracy, training_processes
+from conftest import digits_cnn, held_out_accuracy, meet_in_pairs, training_processes
 
 import tfbarrier
 from tfbarrier.errors import TrialsFailedError
@@ -16,36 +16,12 @@ def cnn(params):
     return model
 
 
-def meet_another_trial(directory, seconds=300):
-    """A callbacks factory whose trial, at the end of its training, waits until a second trial has also
-    ended its training (a trial that finds one there goes on): with trials run one after another the
-    first fails, so two trials that succeed trained at the same time, whatever the machine's load."""
-    def factory():
-        import os
-        import time
-
-        import tf_keras
-
-        class Meet(tf_keras.callbacks.Callback):
-            def on_train_end(self, logs=None):
-                open(os.path.join(directory, str(os.getpid())), "w").close()
-                deadline = time.monotonic() + seconds
-                while len(os.listdir(directory)) < 2:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no other trial was training within {seconds} s")
-                    time.sleep(0.1)
-
-        return [Meet()]
-
-    return factory
-
-
 @pytest.fixture(scope="module")
 def search(spark, digits, tmp_path_factory):
     return tfbarrier.tune(spark.createDataFrame(digits[0]).cache(), cnn,
                           [{"learning_rate": lr} for lr in (0.0001, 0.01, 0.003)], features="pixels",
                           label="digit", validation_split=0.2, metric="val_accuracy", epochs=4, batch_size=64,
-                          verbose=0, callbacks=meet_another_trial(str(tmp_path_factory.mktemp("meetings"))))
+                          verbose=0, callbacks=meet_in_pairs(str(tmp_path_factory.mktemp("meetings")), pairs=1))
 
 
 def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search, digits):
