@@ -223,7 +223,7 @@ def checkpoint_every(value, checkpoint_dir):
 
 def save_arguments(save_to, save_best, save_mode, validates):
     """(save_to as a directory, save_best, its mode "min"/"max") for fit's saved models."""
-    from .saving import best_mode
+    from .ranking import best_mode
 
     best_mode("", save_mode)  # a bad save_mode is refused even without save_best
     if save_to is None:

@@ -22,7 +22,7 @@ from .checkpoints import Checkpoints, resume_point, start_of
 from .errors import ColumnError
 from .job import port_clash_is_retryable
 from .model_spec import write_weights
-from .results import ProcessReport
+from .results import FitOutput, ProcessReport
 
 TRAINED_WEIGHTS_FILE = "trained.safetensors"  # the chief's trained weights (a model object's)
 TRAINED_ARCHIVE_FILE = "trained.keras"  # the chief's trained model (a model function's)
@@ -83,14 +83,13 @@ def train(job, config, channel):
     files, checksum = _write_trained(job, model, workdir, index == 0)
     timings["trained_model_written"] = time.time() - started
     finished_at, (_, peak_mb) = time.time(), resident_mb()
-    output = {}
+    output = None
     if index == 0:
-        output["history"] = _history(epoch_log.epochs)
+        output = FitOutput(history=_history(epoch_log.epochs))
         if len(epoch_log.epochs) < job.epochs:  # a callback (EarlyStopping...) stopped the training
-            output["stopped_epoch"] = len(epoch_log.epochs) - 1
+            output.stopped_epoch = len(epoch_log.epochs) - 1
         if saver is not None:
-            output["saved"] = [{"epoch": epoch, "path": os.path.join(job.save_to, name)}
-                               for epoch, name in saver.saved()]
+            output.saved = [{"epoch": epoch, "path": os.path.join(job.save_to, name)} for epoch, name in saver.saved()]
     if saves is not None:
         timings["checkpoints"] = saves.save_seconds
     return ProcessReport(
@@ -252,7 +251,7 @@ def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch
     callbacks = [progress, epoch_log]
     saver = None
     if job.save_to:
-        saver = saving.save_callback(job.model, job.save_to, job.save_best, job.save_mode, is_chief, epoch_log)
+        saver = saving.SaveModel(job.model, job.save_to, job.save_best, job.save_mode, is_chief, epoch_log)
         callbacks.append(saver)
     if validation is not None:
         callbacks.insert(0, evaluation.Validation(*validation, every=job.validation_freq))

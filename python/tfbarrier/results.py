@@ -22,8 +22,17 @@ class ProcessReport:
     gpus: str = None  # CUDA_VISIBLE_DEVICES as the process read it, before importing TensorFlow
     steps_per_execution: int = None  # training steps per call into TensorFlow (fit)
     communication: dict = None  # how its gradients travelled, as TensorFlow held it (communication.in_effect)
-    output: dict = dataclasses.field(default_factory=dict, repr=False)  # what the job kind returns (small)
+    output: object = dataclasses.field(default=None, repr=False)  # what the kind returns besides files: FitOutput (chief)
     files: dict = dataclasses.field(default_factory=dict)  # what it returns in files: {key: name in the work directory}
+
+
+@dataclasses.dataclass
+class FitOutput:
+    """What a fit's chief reports besides its trained model (``ProcessReport.output``)."""
+
+    history: dict  # per-epoch metrics, as FitResult.history
+    stopped_epoch: int = None  # the last epoch run (from 0) when a callback stopped the training
+    saved: list = dataclasses.field(default_factory=list)  # save_to: {"epoch", "path"} per save
 
 
 @dataclasses.dataclass
@@ -177,9 +186,9 @@ class FitResult:
         if chief.first_step_at is not None:
             timings["time_to_first_step"] = chief.first_step_at - started
         timings["total"] = finished - started
-        return cls(model=model, history=chief.output["history"], timings=timings,
+        return cls(model=model, history=chief.output.history, timings=timings,
                    workers=[r.public() for r in results], attempts=attempts, progress=progress,
-                   stopped_epoch=chief.output.get("stopped_epoch"), saved=chief.output.get("saved", []))
+                   stopped_epoch=chief.output.stopped_epoch, saved=chief.output.saved)
 
     def __repr__(self):
         # the latest value of each metric: val_* is None in epochs that did not validate (validation_freq)

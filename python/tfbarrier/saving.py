@@ -14,26 +14,14 @@ import concurrent.futures
 import json
 import os
 
-from .errors import InvalidArgumentError, ModelError
+import tensorflow as tf
+import tf_keras
+
+from .errors import ModelError
 from .model_spec import save_archive
+from .ranking import better
 
 MANIFEST = "saved.json"
-HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall")  # in a metric's name: "auto" mode maximises it
-
-
-def best_mode(monitor, mode, argument="save_mode"):
-    """"min" or "max": ``mode`` itself, or for "auto" "max" when the metric's name has one of
-    HIGHER_IS_BETTER (as Keras's ModelCheckpoint decides for accuracies), else "min"."""
-    if mode not in ("auto", "min", "max"):
-        raise InvalidArgumentError(f"{argument} must be 'auto', 'min' or 'max', got {mode!r}")
-    if mode != "auto":
-        return mode
-    return "max" if any(word in monitor for word in HIGHER_IS_BETTER) else "min"
-
-
-def better(mode):
-    """A function telling whether a metric's value improves on another in ``mode`` ("min" or "max")."""
-    return (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
 
 
 def file_name(epoch, best):
@@ -43,8 +31,6 @@ def file_name(epoch, best):
 
 def read_manifest(directory):
     """The entries of ``directory``'s saved.json, oldest first ([] when there is none)."""
-    import tensorflow as tf
-
     path = os.path.join(directory, MANIFEST)
     if not tf.io.gfile.exists(path):
         return []
@@ -52,93 +38,92 @@ def read_manifest(directory):
         return json.load(f)
 
 
-def save_callback(spec, directory, monitor, mode, is_chief, epoch_log):
-    """A Keras callback saving the model after each epoch (or each improvement of ``monitor``) to
-    ``directory``. Reading the weights may be a collective (variables summed on read), so every worker
-    reads them at the same epochs: the decision rests on the epoch's logs, the same on every worker,
-    and on a resumed attempt on the restored epochs' logs (``epoch_log``, which runs before). Only the
-    chief writes."""
-    import tf_keras
+class SaveModel(tf_keras.callbacks.Callback):
+    """Saves the model after each epoch (or each improvement of ``monitor``, in ``mode``) to ``directory``.
+    Reading the weights may be a collective (variables summed on read), so every worker reads them at the
+    same epochs: the decision rests on the epoch's logs, the same on every worker, and on a resumed attempt
+    on the restored epochs' logs (``epoch_log``, which runs before). Only the chief writes."""
 
-    improves = better(mode)
-    # The chief's copy of the model in the user's Keras lives on a thread of its own: callbacks run
-    # inside the strategy's scope, which is per thread, and a variable made in that scope would be a
-    # collective the other workers never join.
-    keras_thread = None
-    if is_chief and spec.flavor != "function":
-        keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save")
-    rebuilt = []
+    def __init__(self, spec, directory, monitor, mode, is_chief, epoch_log):
+        super().__init__()
+        self.spec, self.directory, self.monitor, self.is_chief, self.epoch_log = (
+            spec, directory, monitor, is_chief, epoch_log)
+        self.improves = better(mode)
+        self.entries = None  # the manifest: {"epoch" (from 1), "file", "logs"} per save
+        self.best = None
+        # The chief's copy of the model in the user's Keras lives on a thread of its own: callbacks run
+        # inside the strategy's scope, which is per thread, and a variable made in that scope would be a
+        # collective the other workers never join.
+        self.keras_thread = None
+        if is_chief and spec.flavor != "function":
+            self.keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save")
+        self.rebuilt = None  # that copy, built on the thread at the first save
 
-    def archive_in_users_keras(weights):
-        if not rebuilt:
-            rebuilt.append(spec.rebuilt_in_users_keras())
-        rebuilt[0].set_weights(weights)
-        return save_archive(rebuilt[0])
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.entries is None:  # the first epoch of this attempt
+            self.entries = self.restored(epoch)
+            for logs in self.epoch_log.epochs[:epoch]:
+                value = logs.get(self.monitor)
+                if value is not None and (self.best is None or self.improves(value, self.best)):
+                    self.best = value
 
-    class SaveModel(tf_keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.entries = None  # the manifest: {"epoch" (from 1), "file", "logs"} per save
-            self.best = None
+    def restored(self, epoch):
+        """The saves of the epochs before ``epoch`` (a resumed attempt's), from the manifest (chief)."""
+        if not (epoch and self.is_chief):
+            return []
+        return [e for e in read_manifest(self.directory) if e["epoch"] <= epoch]
 
-        def on_epoch_begin(self, epoch, logs=None):
-            if self.entries is None:  # the first epoch of this attempt
-                self.entries = self.restored(epoch)
-                for logs in epoch_log.epochs[:epoch]:
-                    if logs.get(monitor) is not None and (self.best is None or improves(logs[monitor], self.best)):
-                        self.best = logs[monitor]
+    def on_epoch_end(self, epoch, logs=None):
+        logs = {k: float(v) for k, v in (logs or {}).items()}
+        if self.monitor is not None and not self._improves(logs):
+            return
+        archive = self._archive()
+        if not self.is_chief:
+            return
+        name = file_name(epoch, best=self.monitor is not None)
+        _write(self.directory, name, archive)
+        self.entries.append({"epoch": epoch + 1, "file": name, "logs": logs})
+        _write(self.directory, MANIFEST, json.dumps(self.entries, indent=1).encode())
 
-        def restored(self, epoch):
-            """The saves of the epochs before ``epoch`` (a resumed attempt's), from the manifest (chief)."""
-            return [e for e in read_manifest(directory) if e["epoch"] <= epoch] if epoch and is_chief else []
+    def on_train_end(self, logs=None):
+        if self.keras_thread is not None:
+            self.keras_thread.shutdown()
 
-        def on_epoch_end(self, epoch, logs=None):
-            logs = {k: float(v) for k, v in (logs or {}).items()}
-            if monitor is not None and not self._improves(logs):
-                return
-            archive = self._archive()
-            if not is_chief:
-                return
-            name = file_name(epoch, best=monitor is not None)
-            _write(directory, name, archive)
-            self.entries.append({"epoch": epoch + 1, "file": name, "logs": logs})
-            _write(directory, MANIFEST, json.dumps(self.entries, indent=1).encode())
+    def saved(self):
+        """(epoch, file) of every save, this attempt's and the earlier ones' (chief)."""
+        entries = self.entries if self.entries is not None else read_manifest(self.directory)  # no epoch left
+        return [(e["epoch"], e["file"]) for e in entries]
 
-        def on_train_end(self, logs=None):
-            if keras_thread is not None:
-                keras_thread.shutdown()
+    def _improves(self, logs):
+        value = logs.get(self.monitor)
+        if value is None:
+            if self.monitor.startswith("val_") and not any(k.startswith("val_") for k in logs):
+                return False  # an epoch without validation (validation_freq)
+            raise ModelError(f"save_best={self.monitor!r} is not among the metrics of an epoch "
+                             f"({', '.join(sorted(logs))}): pass one of them")
+        if self.best is not None and not self.improves(value, self.best):
+            return False
+        self.best = value
+        return True
 
-        def _improves(self, logs):
-            value = logs.get(monitor)
-            if value is None:
-                if monitor.startswith("val_") and not any(k.startswith("val_") for k in logs):
-                    return False  # an epoch without validation (validation_freq)
-                raise ModelError(f"save_best={monitor!r} is not among the metrics of an epoch "
-                                 f"({', '.join(sorted(logs))}): pass one of them")
-            if self.best is not None and not improves(value, self.best):
-                return False
-            self.best = value
-            return True
+    def _archive(self):
+        if self.spec.flavor == "function":  # tf_keras all along: the trained model itself
+            return save_archive(self.model)
+        weights = self.model.get_weights()  # on every worker: the read may be a collective
+        if not self.is_chief:
+            return None
+        return self.keras_thread.submit(self._archive_in_users_keras, weights).result()
 
-        def _archive(self):
-            if spec.flavor == "function":  # tf_keras all along: the trained model itself
-                return save_archive(self.model)
-            weights = self.model.get_weights()
-            return keras_thread.submit(archive_in_users_keras, weights).result() if is_chief else None
-
-        def saved(self):
-            """(epoch, file) of every save, this attempt's and the earlier ones' (chief)."""
-            entries = self.entries if self.entries is not None else read_manifest(directory)  # no epoch left to run
-            return [(e["epoch"], e["file"]) for e in entries]
-
-    return SaveModel()
+    def _archive_in_users_keras(self, weights):
+        if self.rebuilt is None:
+            self.rebuilt = self.spec.rebuilt_in_users_keras()
+        self.rebuilt.set_weights(weights)
+        return save_archive(self.rebuilt)
 
 
 def _write(directory, name, data):
     """``data`` as ``directory/name`` on any file system tf.io.gfile reaches: written aside, then renamed
     into place (atomic on local and POSIX file systems; object stores copy)."""
-    import tensorflow as tf
-
     path = os.path.join(directory, name)
     with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
         f.write(data)

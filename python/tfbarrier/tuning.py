@@ -20,7 +20,7 @@ import time
 from . import checks, cluster
 from .errors import InvalidArgumentError, TrialsFailedError
 from .progress import SearchBar
-from .saving import best_mode, better
+from .ranking import best_mode, better
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 TIME_COLUMNS = ("started_at", "finished_at", "training_started_at", "training_finished_at")
