@@ -153,18 +153,39 @@ class TrainingProcess:
                     worker=self.worker_index, host=self.host, log=self.log_tail(),
                 )
             if not armed and setup_timeout is not None and now - started > setup_timeout:
-                raise WorkerStalledError(
-                    f"worker {self.worker_index} on {self.host} did not reach its first training step within "
-                    f"{setup_timeout:.0f} s (setting up the strategy and the model, the first trace and step): "
-                    "a stuck collective, or a model whose set-up is really that slow",
-                    worker=self.worker_index, host=self.host, log=self.log_tail(),
-                )
+                raise self._stalled(
+                    f"did not reach its first training step within {setup_timeout:.0f} s (setting up the "
+                    "strategy and the model, the first trace and step): a stuck collective, or a model whose "
+                    "set-up is really that slow")
             if armed and stall_timeout is not None and now - last_message > stall_timeout:
-                raise WorkerStalledError(
-                    f"worker {self.worker_index} on {self.host} made no progress for {stall_timeout:.0f} s "
-                    "(a stuck collective or a deadlock; if its steps are really this slow, raise stall_timeout)",
-                    worker=self.worker_index, host=self.host, log=self.log_tail(),
-                )
+                raise self._stalled(
+                    f"made no progress for {stall_timeout:.0f} s (a stuck collective or a deadlock; if its "
+                    "steps are really this slow, raise stall_timeout)")
+
+    def _stalled(self, what):
+        """The WorkerStalledError of this worker: its log ends with where each of its Python threads stood."""
+        return WorkerStalledError(f"worker {self.worker_index} on {self.host} {what}; the end of its output shows "
+                                  "where each of its Python threads stood", worker=self.worker_index, host=self.host,
+                                  log="\n".join(part for part in (self.log_tail(), self.stacks()) if part))
+
+    def stacks(self, wait=2.0):
+        """The Python stacks of the process's threads as it dumps them on STACKS_SIGNAL, read from its log
+        once the dump stops growing ("" if none came within ``wait`` s)."""
+        path = os.path.join(self.workdir or self.home, LOG_FILE)
+        try:
+            before = size = os.path.getsize(path)
+        except OSError:
+            return ""
+        self.send_signal(protocol.STACKS_SIGNAL)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            grown, size = size, os.path.getsize(path)
+            if size > before and size == grown:
+                break
+        with open(path, "rb") as f:
+            f.seek(before)
+            return f.read().decode("utf-8", "replace")
 
     def _wait_for_exit(self):
         try:

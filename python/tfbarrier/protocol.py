@@ -12,6 +12,7 @@ each an ``event``::
 
 In the work directory: the job (JOB_FILE), the process's output (LOG_FILE), its result (RESULT_FILE)
 or, when it fails, its exception (ERROR_FILE); the process's exit code says which failure it was.
+On STACKS_SIGNAL the process writes its Python threads' stacks to its output (a stalled worker's).
 
 The task hands its result to the driver as rows of at most CHUNK bytes (Spark Connect caps the size
 of a message): ``result_batches`` on the task, ``results_from_rows`` on the driver.
@@ -21,6 +22,7 @@ import json
 import os
 import pickle
 import select
+import signal
 import traceback
 
 JOB, PORT, CONFIG, PROGRESS, DONE = "job", "port", "config", "progress", "done"
@@ -31,6 +33,8 @@ LOG_FILE = "worker.log"
 ERROR_FILE = "error.json"
 SHARD_FILE = "shard.arrow"
 VALIDATION_FILE = "validation.arrow"  # next to SHARD_FILE: the worker's validation rows (fit)
+
+STACKS_SIGNAL = signal.SIGUSR1
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # an exception, described in ERROR_FILE

@@ -7,6 +7,7 @@ reserves a port and reports it, waits for TF_CONFIG from its task and runs the j
 work directory (protocol.py).
 """
 
+import faulthandler
 import json
 import os
 import socket
@@ -76,6 +77,7 @@ def _move_output(previous_log, workdir):
 
 def main(argv):
     _exit_with_parent()
+    faulthandler.register(protocol.STACKS_SIGNAL, all_threads=True)  # to fd 2, the task's log once adopted
     name_process("tfb-spare")  # until a task adopts it: what `ps -o comm` shows
     channel = protocol.Channel(socket.socket(fileno=int(argv[1])))
     gpus = os.environ.get(settings.GPUS_ENV)  # fixed from here on: TensorFlow reads it once

@@ -65,10 +65,11 @@ def training_processes(spares=False, tag=None, module="tfbarrier.training_proces
 
 def meet_in_pairs(directory, pairs, seconds=300):
     """A fit's ``callbacks`` factory proving that fits train two at a time, whatever the machine's load:
-    at the end of its training each of the first ``2 * pairs`` fits (in order of arrival) waits for its
-    partner, the next fit to arrive, and fails after ``seconds`` alone; later fits go on. Fits run one
-    after another fail it. ``directory``: shared by the fits, on this machine."""
+    at the end of its training the chief of each of the first ``2 * pairs`` fits (in order of arrival)
+    waits for its partner, the next fit's chief to arrive, and fails after ``seconds`` alone; later fits
+    go on. Fits run one after another fail it. ``directory``: shared by the fits, on this machine."""
     def factory():
+        import json
         import os
         import time
         import uuid
@@ -77,6 +78,8 @@ def meet_in_pairs(directory, pairs, seconds=300):
 
         class Meet(tf_keras.callbacks.Callback):
             def on_train_end(self, logs=None):
+                if json.loads(os.environ["TF_CONFIG"])["task"]["index"] != 0:
+                    return
                 open(os.path.join(directory, uuid.uuid4().hex), "w").close()
                 arrived = len(os.listdir(directory))
                 if arrived > 2 * pairs:

@@ -48,11 +48,18 @@ def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_b
 
 
 @pytest.mark.parametrize("steps_per_execution", [None, 4])
-def test_a_hanging_worker_is_caught_by_the_stall_watchdog(digits_df, steps_per_execution):
+def test_a_hanging_worker_is_caught_by_the_stall_watchdog_which_shows_where_it_stood(digits_df,
+                                                                                     steps_per_execution):
     started = time.time()
-    with pytest.raises(WorkerStalledError, match="made no progress for 8 s"):
+    with pytest.raises(WorkerStalledError, match="made no progress for 8 s") as failure:
         fit(digits_df, callbacks=faults.hang(worker=1, epoch=1), stall_timeout=8, steps_per_execution=steps_per_execution)
     assert time.time() - started < 90
+    # Worker 1 sleeps in the fault's callback, worker 0 waits for it in the step's collective: either's
+    # watchdog may fire first, and the stacks that end its log show which one it was.
+    error = failure.value
+    assert error.worker in (0, 1) and f"worker {error.worker} on {error.host} made no progress" in str(error)
+    stacks = error.log[error.log.index("(most recent call first)"):]
+    assert " in fit" in stacks and (" in act" in stacks) == (error.worker == 1)
     assert training_processes() == []
 
 

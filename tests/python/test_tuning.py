@@ -90,6 +90,49 @@ def test_a_trial_whose_worker_is_killed_is_recorded_and_the_others_run(digits_df
     assert training_processes() == []
 
 
+def hang_the_trial_with_learning_rate(rate):
+    """A callbacks factory hanging the training of the trial whose model has this learning rate."""
+    def factory():
+        import time
+
+        import tf_keras
+
+        class Hang(tf_keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if abs(float(self.model.optimizer.learning_rate.numpy()) - rate) < 1e-9:
+                    time.sleep(3600)
+
+        return [Hang()]
+
+    return factory
+
+
+def test_one_trial_at_a_time_of_model_functions_a_trial_past_its_timeout_fails_and_the_next_runs(digits_df):
+    def build(params):  # a model function: each trial's workers build it with tf.keras
+        rate = params["learning_rate"]
+
+        def model():
+            import tf_keras
+
+            built = tf_keras.Sequential([tf_keras.Input((8, 8, 1)), tf_keras.layers.Flatten(),
+                                         tf_keras.layers.Dense(10)])
+            built.compile(optimizer=tf_keras.optimizers.SGD(rate),
+                          loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            return built
+
+        return model
+
+    search = tfbarrier.tune(digits_df, build, {"learning_rate": [0.02, 0.01]}, features="pixels", label="digit",
+                            metric="loss", epochs=1, batch_size=64, verbose=0, max_concurrent=1, timeout=30,
+                            stall_timeout=None, callbacks=hang_the_trial_with_learning_rate(0.02))
+    trials = search.trials
+    assert list(trials["status"]) == ["failed", "ok"]
+    assert trials["error"][0].startswith("JobTimeoutError") and "timeout of 30 s" in trials["error"][0]
+    assert trials["finished_at"][0] <= trials["started_at"][1]  # max_concurrent=1: the second waited
+    assert search.best_trial == 1 and search.best.model.optimizer.learning_rate.numpy() == pytest.approx(0.01)
+    assert training_processes() == []
+
+
 def test_when_every_trial_fails_tune_raises_with_each_error(digits_df):
     def build(params):
         raise ValueError(f"cannot build {params['units']}")

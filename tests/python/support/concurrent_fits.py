@@ -1,10 +1,16 @@
-"""Driver program for test_concurrency: two fits at once on one local[4] Spark, from two threads.
-Prints one JSON line with each fit's workers."""
+"""Driver program for test_concurrency, on one local[4] Spark: two fits at once from two threads; a
+tune of 2-worker trials, two at a time; a tune interrupted by Ctrl-C. Prints one JSON line with what
+each did."""
 
 import json
+import os
+import signal
+import sys
+import tempfile
 import threading
+import time
 
-from conftest import digits_cnn, digits_frames, make_spark
+from conftest import digits_cnn, digits_frames, make_spark, meet_in_pairs, training_processes
 
 import tfbarrier
 
@@ -24,10 +30,53 @@ def train(name):
         outcomes[name] = {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def cnn(params):
+    model = digits_cnn()
+    model.optimizer.learning_rate.assign(params["learning_rate"])
+    return model
+
+
+def two_worker_trials():
+    """Three trials of two workers each on four slots: two run at once (they meet), then the third."""
+    search = tfbarrier.tune(df, cnn, {"learning_rate": [0.01, 0.003, 0.001]}, features="pixels", label="digit",
+                            metric="loss", workers_per_trial=2, epochs=1, batch_size=64, verbose=0,
+                            callbacks=meet_in_pairs(tempfile.mkdtemp(), pairs=1))
+    return {"status": list(search.trials["status"]), "errors": list(search.trials["error"]),
+            "workers": [len(search.best.workers)]}
+
+
+def interrupted_tune():
+    """Ctrl-C once the first trials train: tune raises KeyboardInterrupt, and no Spark job or training
+    process of it is left."""
+    def interrupt_once_training():
+        while not training_processes():
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_training, daemon=True).start()
+    try:
+        tfbarrier.tune(df, cnn, {"learning_rate": [0.01, 0.003, 0.001, 0.0003]}, features="pixels", label="digit",
+                       metric="loss", epochs=200, batch_size=64, verbose=0)
+        raised = None
+    except BaseException as exc:  # noqa: B902 - the test wants to see which
+        raised = type(exc).__name__
+    deadline = time.time() + 60
+    while training_processes() and time.time() < deadline:
+        time.sleep(0.5)
+    return {"raised": raised, "processes_left": training_processes(),
+            "active_jobs": list(spark.sparkContext.statusTracker().getActiveJobsIds())}
+
+
 threads = [threading.Thread(target=train, args=(name,)) for name in ("a", "b")]
 for thread in threads:
     thread.start()
 for thread in threads:
     thread.join()
+for name, phase in (("tune", two_worker_trials), ("interrupted", interrupted_tune)):
+    try:
+        outcomes[name] = phase()
+    except Exception as exc:  # reported to the test
+        outcomes[name] = {"error": f"{type(exc).__name__}: {exc}"}
 print("RESULT " + json.dumps(outcomes))
+sys.stdout.flush()
 spark.stop()
