@@ -92,11 +92,15 @@ bench: venv $(BENCH_SITE)/.installed
 
 venv: system-deps $(STAMP)
 
-# Java for Spark; everything else comes from PyPI into .venv.
+# Java for Spark; ip and tc (iproute2) for the multi-host tests (tests/python/support/hosts.py);
+# everything else comes from PyPI into .venv.
 system-deps:
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "installing Java 17 for Spark (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless; }
+	@{ command -v ip && command -v tc; } >/dev/null 2>&1 || { \
+	  echo "installing iproute2 for the multi-host tests (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2; }
 
 # tf-keras declares a dependency on the full `tensorflow` wheel (+600 MB next to tensorflow-cpu):
 # it is installed with --no-deps, after tensorflow-cpu.
