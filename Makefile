@@ -107,7 +107,7 @@ system-deps:
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(CONSTRAINTS) -e ".[dev,connect,optuna]" "tensorflow-cpu==2.21.*" "tensorboard==2.21.*"
+	$(PIP) install -q $(CONSTRAINTS) -e ".[dev,connect,optuna,mlflow]" "tensorflow-cpu==2.21.*" "tensorboard==2.21.*"
 	$(PIP) install -q $(CONSTRAINTS) --no-deps "tf-keras==2.21.*"
 	$(PY) -c "import numpy, pyarrow, pyspark, tensorflow, tf_keras; assert numpy.__version__ < '2'"
 	touch $@

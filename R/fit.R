@@ -28,8 +28,11 @@
 #'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, `env` (a [tf_env()]),
 #'   `steps_per_execution` (training steps per call into TensorFlow: `"auto"` by default, which times
 #'   the first calls and then runs about half a second of steps per call; a number fixes it; `NULL`
-#'   keeps the model's own) and `communication` (a named list: `bytes_per_pack`, `timeout_seconds`,
-#'   `implementation`, and `compression = "fp16"` to all-reduce the gradients in float16).
+#'   keeps the model's own), `communication` (a named list: `bytes_per_pack`, `timeout_seconds`,
+#'   `implementation`, and `compression = "fp16"` to all-reduce the gradients in float16) and `mlflow`
+#'   (log the fit to MLflow from the driver, with the `mlflow` extra of the Python package: `TRUE` for the
+#'   active run or a new run in the current experiment, an experiment's name, or a run id to continue;
+#'   the tracking URI is MLflow's own, e.g. `MLFLOW_TRACKING_URI` in Python's environment).
 #' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...
 #'   in the history), with the same feature and label columns: converted like `sdf`. Each validation
 #'   evaluates every row exactly once across the workers.
@@ -42,8 +45,8 @@
 #'   it: `files_via`, `"driver link"` (outside Spark) or `"spark"`, and `files_mb`) and
 #'   `attempts`, and `stopped_epoch` (the last epoch run, from 0, when a callback such as early stopping
 #'   ended the fit; `NULL` otherwise), and `saved` (with `save_to`: a data.frame of the saved models'
-#'   `epoch` and `path`). It has `print()`, `summary()`, `plot()`, `predict()` and
-#'   `as.data.frame()` (the history) methods.
+#'   `epoch` and `path`), and `mlflow_run_id` (with `mlflow`, the MLflow run's id; `NULL` otherwise). It has
+#'   `print()`, `summary()`, `plot()`, `predict()` and `as.data.frame()` (the history) methods.
 #' @section Errors: Bad arguments and data are refused before any Spark job with an R error whose
 #'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,
 #'   `"ClusterError"`, `"WorkerError"`...) followed by `"TfBarrierError"` and `"tfbarrier_error"`.

@@ -24,6 +24,7 @@ new_fit <- function(result, features) {
       attempts = result$attempts,
       stopped_epoch = result$stopped_epoch,
       saved = saved_models(result$saved),
+      mlflow_run_id = result$mlflow_run_id,
       features = features,
       python = result
     ),

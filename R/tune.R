@@ -18,13 +18,14 @@
 #' @param workers_per_trial,max_concurrent Workers of each trial's fit; trials at once (by default as
 #'   many as the task slots allow).
 #' @param ... Further arguments of `tfbarrier.tune()` and `tfbarrier.fit()`: `validation_split`,
-#'   `timeout` (per trial), `seed` (the same for every trial), `verbose` (2: a line per trial), ...
+#'   `timeout` (per trial), `seed` (the same for every trial), `verbose` (2: a line per trial), `mlflow`
+#'   (as in [spark_tf_fit()]: a parent MLflow run for the search, a nested run per trial), ...
 #' @param spark As in [spark_tf_fit()].
 #' @return A `tfbarrier_tune`: `trials` (a data.frame: `trial`, the parameters, each metric's final
 #'   value, `status`, `error`, `seconds`, `started_at`, `finished_at`, `training_started_at`,
 #'   `training_finished_at`), `best_params`, `best` (the best
-#'   trial's `tfbarrier_fit`), `best_model`, `metric`. It has `print()`, `plot()` (the metric per trial)
-#'   and `as.data.frame()` (the trials) methods.
+#'   trial's `tfbarrier_fit`), `best_model`, `metric`, `mlflow_run_id` (with `mlflow`, the search's run).
+#'   It has `print()`, `plot()` (the metric per trial) and `as.data.frame()` (the trials) methods.
 #' @export
 spark_tf_tune <- function(sdf, build_model, params, features, label, epochs = 1L, batch_size = 32L, ...,
                           validation_data = NULL, metric = "val_loss", mode = "auto", workers_per_trial = 1L,
@@ -41,7 +42,8 @@ spark_tf_tune <- function(sdf, build_model, params, features, label, epochs = 1L
   best <- new_fit(result$best, features)
   structure(
     list(trials = trials_frame(reticulate::py_get_attr(result, "trials")), best_params = result$best_params, best = best,
-         best_model = best$model, metric = metric, python = result),
+         best_model = best$model, metric = metric, mlflow_run_id = result$mlflow_run_id,
+         python = result),
     class = "tfbarrier_tune"
   )
 }

@@ -5,7 +5,7 @@ barrier stage (stage.run)."""
 import random
 import time
 
-from . import checks, cluster, gpus, memory, parquet_source, stage, transfer
+from . import checks, cluster, gpus, memory, parquet_source, stage, tracking, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .features import layout as features_layout
@@ -94,7 +94,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
         sample_weight=None, class_weight=None, save_to=None, save_best=None, save_mode="auto",
-        steps_per_execution="auto", communication=None, checkpoint_every=None, **unknown):
+        steps_per_execution="auto", communication=None, checkpoint_every=None, mlflow=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process under
@@ -214,6 +214,15 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         in float16 (half the bytes on the network; about three significant digits, and float16's range),
         "none" (default) in float32. Default: TensorFlow's options, no compression. ``FitResult.workers``
         reports it.
+    mlflow : bool, str or mlflow.ActiveRun, optional
+        Log the fit to MLflow (``pip install tfbarrier[mlflow]``), from the driver: True logs to the active
+        run, else to a new run in the current experiment; a string names the experiment of a new run (a
+        run id continues that run, as an ``mlflow.ActiveRun`` does). The run gets the arguments that shaped
+        the training, the model's size and optimizer, a metric point per epoch as the epochs end (step =
+        the epoch, from 1: ``loss``, ``val_*``, ``samples_per_second``), the timings, workers and retries,
+        the trained model as an MLflow model (README, "Experiment tracking") and ``plot()``'s figure. A run
+        the fit started ends FINISHED, or FAILED with the error. ``FitResult.mlflow_run_id`` is its id.
+        MLflow's tracking URI is its own (``MLFLOW_TRACKING_URI``, ``mlflow.set_tracking_uri``). Default: off.
 
     Returns
     -------
@@ -221,6 +230,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     """
     started = time.time()
     checks.no_unknown_arguments("fit", unknown, fit)
+    tracked = tracking.resolve(mlflow)
     data = checks.spark_dataframe(data)
     num_workers = checks.positive_int("num_workers", num_workers)
     epochs = checks.positive_int("epochs", epochs)
@@ -268,10 +278,17 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
             communication=communication, memory_check=memory.enabled(spark.conf.get),
         )
         submitted = time.time()
-        results, attempts, events = stage.run(frame, job, num_workers, files, verbose=verbose,
-                                              global_batch=batch_size, max_retries=max_retries, timeout=timeout)
-        trained = spec.trained_model(model, job.decode(results, files))
-    return FitResult.from_workers(trained, results, attempts, events, started, submitted, time.time())
+        params = tracking.fit_params(job, num_workers=num_workers, max_retries=max_retries, timeout=timeout,
+                                     spark_master=cluster.master(spark)) if tracked else None
+        with tracking.fit_run(tracked, params, model, batch_size) as run:
+            results, attempts, events = stage.run(frame, job, num_workers, files, verbose=verbose,
+                                                  global_batch=batch_size, max_retries=max_retries, timeout=timeout,
+                                                  on_progress=run.on_progress)
+            trained = spec.trained_model(model, job.decode(results, files))
+            result = FitResult.from_workers(trained, results, attempts, events, started, submitted, time.time())
+            run.log_result(result)
+    result.mlflow_run_id = run.run_id
+    return result
 
 
 def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,

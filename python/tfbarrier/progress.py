@@ -17,8 +17,9 @@ class ProgressUnavailableWarning(UserWarning):
 class ProgressDisplay:
     """Shows the messages handed to ``show`` (from the driver link's thread, one at a time)."""
 
-    def __init__(self, verbose=1, global_batch=None, out=None):
+    def __init__(self, verbose=1, global_batch=None, out=None, on_progress=None):
         self.verbose = verbose
+        self.on_progress = on_progress  # also gets the chief's progress messages, whatever the verbosity
         self.global_batch = global_batch
         self.out = out or sys.stderr
         self._bar = None
@@ -27,6 +28,8 @@ class ProgressDisplay:
 
     def show(self, message):
         kind, worker = message.get("kind"), message.get("worker")
+        if kind == "progress" and worker == 0 and self.on_progress is not None:
+            self.on_progress(message)
         if kind == "log" and self.verbose >= 2:
             self._write(f"[worker {worker}] {message['line']}")
         elif kind == "event" and self.verbose >= 2:

@@ -107,6 +107,7 @@ class FitResult:
               sent_at, received_at, ...), as shown live at verbose=1 and 2
     saved:    with save_to, one dict per model the chief saved: epoch (from 1), path; with save_best
               one per improvement, all of the same best.keras, which holds the last (the best)
+    mlflow_run_id: with fit(mlflow=...), the id of the MLflow run the fit logged to; None without
     """
 
     model: object
@@ -117,6 +118,7 @@ class FitResult:
     progress: list = dataclasses.field(default_factory=list, repr=False)
     stopped_epoch: int = None  # the last epoch run (from 0) when a callback such as EarlyStopping stopped the fit
     saved: list = dataclasses.field(default_factory=list)
+    mlflow_run_id: str = None
 
     def history_frame(self):
         """``history`` as a pandas DataFrame, one row per epoch (numbered from 1)."""

@@ -60,12 +60,12 @@ def _translate(exc, spark):
     return exc
 
 
-def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retries=0, timeout=None):
+def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retries=0, timeout=None, on_progress=None):
     """Run ``job``'s barrier stage over ``frame`` (``num_workers`` partitions) until it succeeds or
     fails for good, with the driver link open: the tasks' rendezvous, their progress, shown as
-    ``verbose`` says, and ``files`` (the job's transfer.JobFiles). Returns (WorkerResults in worker
-    order, attempts, the tasks' messages)."""
-    display = progress.ProgressDisplay(verbose, global_batch)
+    ``verbose`` says and handed to ``on_progress`` (the chief's: experiment tracking), and ``files``
+    (the job's transfer.JobFiles). Returns (WorkerResults in worker order, attempts, the tasks' messages)."""
+    display = progress.ProgressDisplay(verbose, global_batch, on_progress=on_progress)
     meeting = rendezvous.DriverRendezvous(num_workers)
     server = _open_link(frame.sparkSession, display, meeting, files)
     if server is None:

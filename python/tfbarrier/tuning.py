@@ -17,7 +17,7 @@ import os
 import random
 import time
 
-from . import checks, cluster
+from . import checks, cluster, tracking
 from .errors import InvalidArgumentError, TrialsFailedError
 from .progress import SearchBar
 from .ranking import best_mode, better
@@ -39,6 +39,7 @@ class TuneResult:
     best_trial:  the best trial's number (its row in ``trials``)
     metric, mode: how trials were ranked
     seed:        the data seed every trial used
+    mlflow_run_id: with tune(mlflow=...), the id of the search's MLflow run (each trial's is nested in it)
     """
 
     trials: object
@@ -48,6 +49,7 @@ class TuneResult:
     metric: str
     mode: str
     seed: int
+    mlflow_run_id: str = None
 
     @property
     def best_model(self):
@@ -94,6 +96,8 @@ def parameter_sets(params):
 class GridTrials:
     """Trials from a list of dicts: ``build_model`` gets trial i's dict."""
 
+    kind = "grid"
+
     def __init__(self, params):
         self.params = parameter_sets(params)
         self.total = len(self.params)
@@ -115,6 +119,7 @@ class OptunaTrials:
 
     def __init__(self, study, n_trials):
         self.study, self.total, self.trials = study, n_trials, {}
+        self.kind = f"optuna {type(study.sampler).__name__}"
 
     def start(self, index):
         self.trials[index] = self.study.ask()
@@ -182,10 +187,11 @@ def _training_interval(result):
             for name, key in (("started", "first_step_at"), ("finished", "finished_at"))}
 
 
-def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode, verbose):
+def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode, verbose, search):
     """Run one ``fit(data, build_model(trials.start(i)), **fit_kwargs)`` per trial i of ``trials``
-    (GridTrials or OptunaTrials), ``concurrency`` at a time. Returns (rows of the trials table, index
-    of the best trial or None, its FitResult)."""
+    (GridTrials or OptunaTrials), ``concurrency`` at a time, each logged to its run of ``search``
+    (tracking.search_run's). Returns (rows of the trials table, index of the best trial or None, its
+    FitResult)."""
     rows = [None] * trials.total
     improves, best = better(mode), [None, None]  # index, FitResult
     bar = SearchBar(trials.total, verbose)
@@ -200,6 +206,7 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
                "seconds": finished - started, "started_at": datetime.datetime.fromtimestamp(started),
                "finished_at": datetime.datetime.fromtimestamp(finished), **_training_interval(result)}
         rows[index] = row
+        search.trial_finished(index, params, row, error)
         value = row.get(metric)
         trials.report(index, value)
         if value is not None and not math.isnan(value) and (best[0] is None or improves(value, rows[best[0]][metric])):
@@ -208,8 +215,8 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
         bar.trial_done(f"trial {index} {params}: {outcome} ({row['seconds']:.1f} s)",
                        None if best[0] is None else f"{metric}={rows[best[0]][metric]:.4f}")
 
-    def train(index, model):
-        return fit(data, model, verbose=0, **trial_directories(fit_kwargs, index))
+    def train(index, model, run_id):
+        return fit(data, model, verbose=0, mlflow=run_id, **trial_directories(fit_kwargs, index))
 
     waiting = list(range(trials.total))
     running = {}  # future -> (trial, started)
@@ -218,12 +225,14 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
         while waiting or running:
             while waiting and len(running) < concurrency:
                 index, started = waiting.pop(0), time.time()
+                run_id = search.trial_started(index)
                 try:
                     model = build_model(trials.start(index))  # here, on the calling thread: R functions too
                 except Exception as error:  # a failed trial: recorded, the search goes on
                     finish(index, started, error=error)
                     continue
-                running[pool.submit(train, index, model)] = index, started
+                search.trial_params(index, trials.params_of(index))
+                running[pool.submit(train, index, model, run_id)] = index, started
             done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in done:
                 index, started = running.pop(future)
@@ -273,7 +282,7 @@ def _fit_parameters(fit):
 
 def tune(data, build_model, params, *, features, label, validation_data=None, validation_split=None,
          metric="val_loss", mode="auto", workers_per_trial=1, max_concurrent=None, epochs=1, batch_size=32,
-         timeout=None, seed=None, n_trials=None, verbose=1, **fit_kwargs):
+         timeout=None, seed=None, n_trials=None, verbose=1, mlflow=None, **fit_kwargs):
     """Train one model per set of ``params`` on ``data``, several at once, and rank them by ``metric``.
 
     Parameters
@@ -312,6 +321,11 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
         not given; ``TuneResult.seed``).
     verbose : int
         0 silent; 1 one progress bar for the search (trials done, best so far); 2 also a line per trial.
+    mlflow : bool, str or mlflow.ActiveRun, optional
+        Log the search to MLflow, as fit's ``mlflow`` says (True, an experiment's name, a run id, an
+        ``mlflow.ActiveRun``): a parent run for the search (its settings, ``metric`` per trial at step =
+        the trial, ``best_<metric>``, the trials table) and a run nested in it per trial (its params, what a
+        fit logs, its status and error); the best trial's run is tagged ``tfbarrier.best``. Default: off.
     **fit_kwargs
         Any other argument of ``fit`` (``callbacks``, ``shuffle``, ``sample_weight``, ``env``...);
         ``checkpoint_dir``, ``save_to`` and ``tensorboard_dir`` get a subdirectory per trial (``trial-007``).
@@ -324,6 +338,7 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
     """
     from .api import fit
 
+    tracked = tracking.resolve(mlflow)
     fit_kwargs.update(features=features, label=label, validation_data=validation_data,
                       validation_split=validation_split, epochs=epochs, batch_size=batch_size, timeout=timeout,
                       num_workers=workers_per_trial)
@@ -331,8 +346,19 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
                                                 workers_per_trial, max_concurrent, fit_kwargs, fit)
     verbose = checks.verbosity(verbose)
     fit_kwargs["seed"] = seed = random.randrange(2**31) if seed is None else int(seed)
-    rows, best_index, best = run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode,
-                                        verbose)
+    described = {"metric": metric, "mode": mode, "search": trials.kind, "trials": trials.total, "epochs": epochs,
+                 "batch_size": batch_size, "workers_per_trial": workers_per_trial, "concurrency": concurrency,
+                 "seed": seed}
+    with tracking.search_run(tracked, described, metric) as search:
+        rows, best_index, best = run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode,
+                                            verbose, search)
+        result = _result(rows, best_index, best, trials, metric, mode, seed, search.run_id)
+        search.log_result(result)
+    return result
+
+
+def _result(rows, best_index, best, trials, metric, mode, seed, mlflow_run_id):
+    """The TuneResult of the trials' ``rows``, or TrialsFailedError when no trial has a ``metric``."""
     import pandas as pd
 
     table = pd.DataFrame(rows)
@@ -345,4 +371,4 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
         raise TrialsFailedError(f"no trial reported metric={metric!r}; they reported {', '.join(reported)}: "
                                 "pass one of those", trials=table)
     return TuneResult(trials=table, best_params=trials.params_of(best_index), best=best, best_trial=best_index,
-                      metric=metric, mode=mode, seed=seed)
+                      metric=metric, mode=mode, seed=seed, mlflow_run_id=mlflow_run_id)
