@@ -1,4 +1,5 @@
-"""How the workers exchange gradients: fit's ``communication`` argument, in the training process.
+"""What the workers exchange: fit's ``communication`` argument, in the training process, and the
+variables' initial values.
 
 - ``bytes_per_pack``, ``timeout_seconds`` and ``implementation`` are tf.distribute's
   CommunicationOptions, given to MultiWorkerMirroredStrategy as they are.
@@ -9,7 +10,13 @@
   and float16's range (beyond 65,504 a gradient becomes inf). The hook is the optimizer's own
   (tf_keras's ``aggregate_gradients``, a legacy optimizer's ``gradient_aggregator``), so a training
   step that aggregates its gradients itself is not compressed.
+- MultiWorkerMirroredStrategy gives every variable worker 0's initial value: one broadcast per variable,
+  the whole model through gRPC, whose receiving side holds about three copies of each message at once.
+  Where every worker makes the same values itself (a model object's weights, read from the same file
+  right after; an optimizer's slots, zeros), ``initial_values_local`` skips it.
 """
+
+import contextlib
 
 from .errors import ModelError
 
@@ -65,3 +72,44 @@ def in_float16(aggregate):
 
     aggregate_in_float16.compression = "fp16"  # what in_effect reports
     return aggregate_in_float16
+
+
+@contextlib.contextmanager
+def initial_values_local(strategy):
+    """Variables made inside take the initial value each worker computes itself instead of worker 0's
+    broadcast: only for values that are the same on every worker. A no-op with no strategy or where
+    TensorFlow's MultiWorkerMirroredStrategy is not as this module knows it (then it broadcasts)."""
+    extended = getattr(strategy, "extended", None)
+    local = _local_initial_value(extended)
+    if local is None:
+        yield
+        return
+    extended._get_variable_creator_initial_value = local  # shadows the class's method on this instance only
+    try:
+        yield
+    finally:
+        del extended._get_variable_creator_initial_value
+
+
+def _local_initial_value(extended):
+    """MirroredStrategy's initial value (the worker's own), bound to ``extended``: what
+    MultiWorkerMirroredStrategy's extends with worker 0's broadcast; None if ``extended`` is not one."""
+    try:
+        from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
+    except ImportError:
+        return None
+    if not isinstance(extended, CollectiveAllReduceExtended) or "_get_variable_creator_initial_value" in vars(extended):
+        return None
+    return getattr(super(CollectiveAllReduceExtended, extended), "_get_variable_creator_initial_value", None)
+
+
+def build_optimizer(model, strategy):
+    """Make the optimizer's slots now, each worker its own (zeros, or the weights' values for an EMA,
+    alike on every worker), instead of at the first step, where each would be broadcast. tf_keras's
+    optimizers only (a legacy one makes its slots as it goes)."""
+    import tf_keras
+
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # past a LossScaleOptimizer
+    if isinstance(optimizer, tf_keras.optimizers.Optimizer):
+        with initial_values_local(strategy):
+            optimizer.build(model.trainable_variables)

@@ -28,7 +28,7 @@ import tempfile
 import cloudpickle
 import numpy as np
 
-from . import keras_compat
+from . import communication, keras_compat
 from .errors import ModelError
 from .job import pickle_user_code
 
@@ -259,7 +259,9 @@ class ModelSpec:
         keras = keras_module(self.flavor)
         model = keras.models.clone_model(original)
         read_weights(path, model.weights, lambda variable: [tf_variable(variable)])
-        model.compile_from_config(original.get_compile_config())
+        # As the user compiled it, with a fresh optimizer whose slots are made when it first trains:
+        # compile_from_config would build them now (zeros: two more copies of the weights for Adam).
+        model.compile(**keras.saving.deserialize_keras_object(original.get_compile_config()))
         return model
 
     # ---- worker side (inside strategy.scope(), TF_USE_LEGACY_KERAS=1) -----------------------
@@ -278,9 +280,10 @@ class ModelSpec:
                     "tf.keras (tf_keras), e.g. `import tensorflow as tf; tf.keras.Sequential(...)`"
                 )
             return model
-        model = self._build_from_config()
         local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
-        read_weights(self.weights.path(workdir), model.weights, local)
+        with communication.initial_values_local(strategy):  # every worker reads the same weights next
+            model = self._build_from_config()
+            read_weights(self.weights.path(workdir), model.weights, local)
         return model
 
     def _build_from_config(self):

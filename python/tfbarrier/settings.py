@@ -16,10 +16,13 @@ ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: 
 
 # ---- environment variables -----------------------------------------------------------------------
 # Set in every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works with
-# MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up banners
-# are kept out of the logs unless the user set a level of their own.
+# MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). Unless the user set their own:
+# TensorFlow's C++ start-up banners are kept out of the logs, and tensors are allocated with the system's
+# malloc, which gives freed memory back, instead of oneDNN's pool (TensorFlow's default on x86 CPUs), which
+# keeps every byte a process ever held: a large model's transient copies (initial values, their broadcast,
+# a step's packed gradients) would otherwise stay resident for the rest of the fit.
 TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
-TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}
 TF_CONFIG_ENV = "TF_CONFIG"  # the TensorFlow cluster, set by the training process before the strategy
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs of one training process (gpus.py)
 ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2... after resubmissions

@@ -77,6 +77,15 @@ def test_model_comes_back_in_the_users_keras_without_touching_the_input(two_work
     assert held_out_accuracy(model, digits[1]) < 0.5 <= held_out_accuracy(two_worker_fit.model, digits[1])
 
 
+def test_the_returned_models_optimizer_makes_its_slots_when_it_first_trains_not_on_arrival(two_worker_fit, digits):
+    # Adam's slots are two copies of the weights: the driver holds none until the model trains again.
+    optimizer = two_worker_fit.model.optimizer
+    assert not optimizer.built and len(optimizer.variables) == 2  # its step count and learning rate
+    x = np.stack(digits[1]["pixels"].to_numpy()[:8]).reshape(-1, 8, 8, 1).astype("float32")
+    two_worker_fit.model.train_on_batch(x, digits[1]["digit"].to_numpy()[:8])
+    assert len(optimizer.variables) == 2 + 2 * len(two_worker_fit.model.trainable_weights)
+
+
 def test_uneven_partitions_train_to_the_end(spark, digits):
     train = digits[0]
     cut = int(len(train) * 0.7)

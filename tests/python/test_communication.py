@@ -1,0 +1,42 @@
+"""What workers exchange besides gradients: the variables' initial values (communication.py)."""
+
+import tfbarrier
+
+
+def initial_values():
+    """In each of two workers, variables whose initial value is the worker's index: made as
+    MultiWorkerMirroredStrategy makes them, inside ``initial_values_local``, and after it; an Adam
+    optimizer's slots made by ``build_optimizer``. Returns the sums of each across the workers."""
+    import json
+    import os
+
+    import tensorflow as tf
+    import tf_keras
+
+    from tfbarrier import communication
+
+    index = float(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        broadcast = tf.Variable(index)
+        with communication.initial_values_local(strategy):
+            local = tf.Variable(index)
+        after = tf.Variable(index)
+        model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, kernel_initializer="ones")])
+        model.compile(optimizer=tf_keras.optimizers.Adam(), loss="mse")
+        communication.build_optimizer(model, strategy)
+    slots = [v for v in model.optimizer.variables if v.shape == model.layers[0].kernel.shape]
+
+    def total(variable):
+        return float(strategy.reduce("SUM", strategy.run(lambda: tf.reduce_sum(tf.identity(variable))), axis=None))
+
+    return {"broadcast": total(broadcast), "local": total(local), "after": total(after),
+            "kernel_slots": len(slots), "slot_sum": sum(total(v) for v in slots)}
+
+
+def test_initial_values_local_skips_worker_0s_broadcast_only_inside_and_optimizer_slots_are_built_alike(spark):
+    sums = tfbarrier.run(initial_values, num_workers=2, verbose=0)
+    # Worker 0's value (0) broadcast to both sums to 0; each worker's own (0 and 1) to 1.
+    assert sums["broadcast"] == 0.0 and sums["after"] == 0.0
+    assert sums["local"] == 1.0
+    assert sums["kernel_slots"] == 2 and sums["slot_sum"] == 0.0  # Adam's m and v, zeros on both workers
