@@ -16,13 +16,12 @@ ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: 
 
 # ---- environment variables -----------------------------------------------------------------------
 # Set in every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works with
-# MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). Unless the user set their own:
-# TensorFlow's C++ start-up banners are kept out of the logs, and tensors are allocated with the system's
-# malloc, which gives freed memory back, instead of oneDNN's pool (TensorFlow's default on x86 CPUs), which
-# keeps every byte a process ever held: a large model's transient copies (initial values, their broadcast,
-# a step's packed gradients) would otherwise stay resident for the rest of the fit.
+# MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up banners
+# are kept out of the logs unless the user set a level of their own. (TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1,
+# which gives a large model's freed transients back where oneDNN's pool keeps them, cost 1.3 x the step
+# time of bench/workloads.py's large CNN on 2 workers: measured, not set.)
 TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
-TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ONEDNN_USE_SYSTEM_ALLOCATOR": "1"}
+TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TF_CONFIG_ENV = "TF_CONFIG"  # the TensorFlow cluster, set by the training process before the strategy
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs of one training process (gpus.py)
 ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2... after resubmissions
