@@ -23,6 +23,41 @@ def local_spark_env():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def local_spark(**conf):
+    """A local[2] SparkSession for a benchmark's driver (no UI, no console progress), with ``conf``."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def clocked_fit(fit, rows):
+    """Call ``fit(callbacks)``, a tfbarrier.fit given ``callbacks`` (a factory) to pass on, with worker 0's
+    step clock (workloads.step_clock), once the machine settled. Returns the time from the call to the
+    first finished step, the call's total and the samples per second of epochs 2.. (``rows`` a epoch)."""
+    import json
+    import tempfile
+
+    import workloads
+
+    clock = tempfile.mktemp(prefix="tfbarrier-bench-clock-", suffix=".json")
+    settle()
+    started = time.time()
+    fit(lambda: [workloads.step_clock(clock)])
+    total = time.time() - started
+    with open(clock) as f:
+        marks = json.load(f)
+    os.remove(clock)
+    ends = marks["epoch_ends"]
+    return {"first_step": marks["first_step_end"] - started, "total": total,
+            "throughput": (len(ends) - 1) * rows / (ends[-1] - ends[0])}
+
+
 def worktree(ref):
     """The Python sources (``python/``) of git revision ``ref``, checked out under build/: how a
     benchmark runs an older tfbarrier next to this one (put it first on PYTHONPATH)."""

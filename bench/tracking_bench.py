@@ -11,11 +11,9 @@ the model, the figure and the timings at the end). The MLflow import is paid onc
 """
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH, os.environ.get("PYTHONPATH")) if p)
@@ -30,22 +28,13 @@ def fit_with(df, tracking, args):
 
     import tfbarrier
 
-    def run():
-        clock = tempfile.mktemp(prefix="tfbarrier-bench-clock-", suffix=".json")
-        harness.settle()
-        started = time.time()
+    def fit(callbacks):
         result = tfbarrier.fit(df, workloads.build_model(keras, "cnn"), features="pixels", label="label",
                                epochs=args.epochs, batch_size=args.batch, num_workers=2, verbose=0, mlflow=tracking,
-                               callbacks=lambda: [workloads.step_clock(clock)])
-        total = time.time() - started
+                               callbacks=callbacks)
         assert (result.mlflow_run_id is None) == (tracking is None)
-        with open(clock) as f:
-            marks = json.load(f)
-        os.remove(clock)
-        ends = marks["epoch_ends"]
-        return {"first_step": marks["first_step_end"] - started, "total": total,
-                "throughput": (len(ends) - 1) * args.rows / (ends[-1] - ends[0])}
-    return run
+
+    return lambda: harness.clocked_fit(fit, args.rows)
 
 
 def main():
@@ -57,13 +46,9 @@ def main():
     args = parser.parse_args()
     harness.local_spark_env()
     import mlflow
-    from pyspark.sql import SparkSession
-
     store = tempfile.mkdtemp(prefix="tfbarrier-bench-mlflow-")
     mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.local_spark()
     x, y = workloads.make_data(store, args.rows)
     df = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)], ["pixels", "label"])
     df = df.repartition(2).cache()

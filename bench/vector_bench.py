@@ -14,17 +14,13 @@ turns vectors into arrays); throughput counts the samples of epochs 2.. over the
 """
 
 import argparse
-import json
 import os
 import sys
-import tempfile
-import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (BENCH, os.environ.get("PYTHONPATH")) if p)
 
 import harness  # noqa: E402
-import workloads  # noqa: E402
 
 COLUMNS = {"array column": "pixels", "dense vectors": "dense", "sparse vectors": "sparse"}
 ZEROS = 0.9  # the share of zero values in every row
@@ -63,19 +59,11 @@ def model(width):
 def fit_on(df, column, args):
     import tfbarrier
 
-    def run():
-        clock = tempfile.mktemp(prefix="tfbarrier-bench-clock-", suffix=".json")
-        harness.settle()
-        started = time.time()
-        tfbarrier.fit(df, model(args.width), features=column, label="label", epochs=args.epochs,
-                      batch_size=args.batch, num_workers=2, verbose=0, callbacks=lambda: [workloads.step_clock(clock)])
-        with open(clock) as f:
-            marks = json.load(f)
-        os.remove(clock)
-        ends = marks["epoch_ends"]
-        samples = (len(ends) - 1) * args.rows
-        return {"first_step": marks["first_step_end"] - started, "throughput": samples / (ends[-1] - ends[0])}
-    return run
+    def fit(callbacks):
+        return tfbarrier.fit(df, model(args.width), features=column, label="label", epochs=args.epochs,
+                             batch_size=args.batch, num_workers=2, verbose=0, callbacks=callbacks)
+
+    return lambda: harness.clocked_fit(fit, args.rows)
 
 
 def main():
@@ -87,11 +75,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     harness.local_spark_env()
-    from pyspark.sql import SparkSession
-
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "4g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.local_spark(**{"spark.driver.memory": "4g"})
     df = frame(spark, args.rows, args.width)
     contenders = {name: fit_on(df, column, args) for name, column in COLUMNS.items()}
     for run in contenders.values():
