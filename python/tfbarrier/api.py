@@ -212,8 +212,9 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         gradients into all-reduces of about this size), ``timeout_seconds``, ``implementation`` ("auto",
         "ring" or "nccl"), as TensorFlow takes them; and ``compression``: "fp16" all-reduces the gradients
         in float16 (half the bytes on the network; about three significant digits, and float16's range),
-        "none" (default) in float32. Default: TensorFlow's options, no compression. ``FitResult.workers``
-        reports it.
+        "none" (default) in float32. Default: packs of 16 MB, a larger gradient in pieces of one pack
+        (``bytes_per_pack=0``: TensorFlow's single all-reduce of every gradient), no compression.
+        ``FitResult.workers`` reports it.
     mlflow : bool, str or mlflow.ActiveRun, optional
         Log the fit to MLflow (``pip install tfbarrier[mlflow]``), from the driver: True logs to the active
         run, else to a new run in the current experiment; a string names the experiment of a new run (a

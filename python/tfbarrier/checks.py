@@ -167,7 +167,7 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
     return validation_data, validation_split, positive_int("validation_freq", validation_freq)
 
 
-COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: TensorFlow's own packing)",
+COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one all-reduce)",
                       "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'ring' or 'nccl'",
                       "compression": " or ".join(map(repr, COMPRESSIONS))}
 

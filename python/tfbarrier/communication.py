@@ -2,7 +2,12 @@
 variables' initial values.
 
 - ``bytes_per_pack``, ``timeout_seconds`` and ``implementation`` are tf.distribute's
-  CommunicationOptions, given to MultiWorkerMirroredStrategy as they are.
+  CommunicationOptions, given to MultiWorkerMirroredStrategy as they are; ``bytes_per_pack`` is
+  PACK_BYTES unless given. TensorFlow packs the gradients into all-reduces of about that size, but never
+  splits one: a gradient larger than a pack is cut into pieces of one pack each (``all_reduce_in_pieces``),
+  because gRPC's receiving side holds about three copies of each message at once, and a large model's
+  whole gradient in one all-reduce (TensorFlow's own default, ``bytes_per_pack=0``) cost a training
+  process gigabytes. ``bytes_per_pack=0`` asks for that one all-reduce.
 - ``compression="fp16"`` all-reduces the gradients in float16: each worker casts its float32
   gradients down before the all-reduce and the sums back up after it, as Horovod's
   ``Compression.fp16`` and PyTorch DDP's ``fp16_compress_hook`` do. Half the bytes cross the network
@@ -21,16 +26,29 @@ import contextlib
 from .errors import ModelError
 
 COMPRESSIONS = ("none", "fp16")
+PACK_BYTES = 16 * 2**20  # the gradients' all-reduces carry about this much each (bytes_per_pack's default)
 
 
 def strategy_options(tf, communication):
     """tf.distribute's CommunicationOptions from fit's ``communication`` dict (None: TensorFlow's defaults)."""
     communication = dict(communication or {})
     communication.pop("compression", None)
+    communication.setdefault("bytes_per_pack", PACK_BYTES)
     implementation = communication.pop("implementation", "auto").upper()
     return tf.distribute.experimental.CommunicationOptions(
         implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
         **communication)
+
+
+def all_reduce_in_pieces(model, communication):
+    """Make ``model``'s optimizer all-reduce each gradient larger than a pack (``bytes_per_pack``) in
+    pieces of one pack, then put it back together; bytes_per_pack=0 leaves it whole. Before fit traces
+    the training step, which is when Keras reads the hook."""
+    piece_bytes = (communication or {}).get("bytes_per_pack", PACK_BYTES)
+    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # past a LossScaleOptimizer
+    hook = "gradient_aggregator" if hasattr(optimizer, "gradient_aggregator") else "aggregate_gradients"
+    if piece_bytes and hasattr(optimizer, hook):
+        setattr(optimizer, hook, in_pieces(getattr(optimizer, hook), piece_bytes))
 
 
 def compress_gradients(model, communication):
@@ -113,3 +131,40 @@ def build_optimizer(model, strategy):
     if isinstance(optimizer, tf_keras.optimizers.Optimizer):
         with initial_values_local(strategy):
             optimizer.build(model.trainable_variables)
+
+
+def in_pieces(aggregate, piece_bytes):
+    """``aggregate`` (a list of (gradient, variable) in, all-reduced out) with each dense gradient of more
+    than ``piece_bytes`` sent as pieces of its flattened values (slices, not copies), joined again after."""
+    import tensorflow as tf
+
+    def aggregate_in_pieces(grads_and_vars):
+        grads_and_vars = list(grads_and_vars)
+        pieces, counts = [], []
+        for gradient, variable in grads_and_vars:
+            split = _pieces(tf, gradient, piece_bytes)
+            counts.append(len(split) if split else None)
+            pieces.extend((piece, variable) for piece in split or [gradient])
+        reduced, joined = iter(aggregate(pieces)), []
+        for (gradient, variable), count in zip(grads_and_vars, counts):
+            if count is None:
+                joined.append(next(reduced))
+            else:
+                parts = [next(reduced)[0] for _ in range(count)]
+                joined.append((tf.reshape(tf.concat(parts, 0), gradient.shape), variable))
+        return joined
+
+    aggregate_in_pieces.compression = getattr(aggregate, "compression", "none")
+    return aggregate_in_pieces
+
+
+def _pieces(tf, gradient, piece_bytes):
+    """The pieces of ``gradient`` to all-reduce, or None to send it whole (small, sparse or of unknown size)."""
+    if not isinstance(gradient, tf.Tensor) or not gradient.shape.is_fully_defined():
+        return None
+    size = gradient.shape.num_elements()
+    if size * gradient.dtype.size <= piece_bytes:
+        return None
+    step = max(16, piece_bytes // gradient.dtype.size // 16 * 16)  # 64-byte aligned: tf.split slices, not copies
+    sizes = [step] * (size // step) + ([size % step] if size % step else [])
+    return tf.split(tf.reshape(gradient, [-1]), sizes)

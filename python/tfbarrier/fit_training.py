@@ -44,6 +44,7 @@ def train(job, config, channel):
     with strategy.scope():
         model = job.model.build(workdir, strategy)
         communication.build_optimizer(model, strategy)
+        communication.all_reduce_in_pieces(model, job.communication)
         communication.compress_gradients(model, job.communication)
         pacer = pacing.resolve(model, job.steps_per_execution, most=_steps_between_checkpoints(job))
     if model.distribute_reduction_method == "auto":

@@ -40,3 +40,24 @@ def test_initial_values_local_skips_worker_0s_broadcast_only_inside_and_optimize
     assert sums["broadcast"] == 0.0 and sums["after"] == 0.0
     assert sums["local"] == 1.0
     assert sums["kernel_slots"] == 2 and sums["slot_sum"] == 0.0  # Adam's m and v, zeros on both workers
+
+
+def test_a_gradient_larger_than_a_pack_is_all_reduced_in_pieces_of_a_pack_and_joined_back():
+    import numpy as np
+    import tensorflow as tf
+
+    from tfbarrier.communication import in_pieces
+
+    sent = []
+
+    def doubling_all_reduce(grads_and_vars):  # stands for the sum over two workers holding the same gradient
+        sent.append([int(tf.size(g)) * 4 if g is not None else None for g, _ in grads_and_vars])
+        return [(None if g is None else 2 * g, v) for g, v in grads_and_vars]
+
+    big = tf.reshape(tf.range(300_000, dtype=tf.float32), (600, 500))  # 1.2 MB: three pieces of at most 512 kB
+    small = tf.ones((10,))
+    reduced = in_pieces(doubling_all_reduce, 512 * 1024)([(big, "w"), (None, "frozen"), (small, "b")])
+    assert sent == [[512 * 1024, 512 * 1024, 1_200_000 - 2 * 512 * 1024, None, 40]]
+    assert [v for _, v in reduced] == ["w", "frozen", "b"] and reduced[1][0] is None
+    np.testing.assert_array_equal(reduced[0][0].numpy(), 2 * big.numpy())
+    np.testing.assert_array_equal(reduced[2][0].numpy(), 2 * small.numpy())
