@@ -301,19 +301,36 @@ def cancel_all_jobs(spark):
         _context(spark).cancelAllJobs()
 
 
-def wait_until_tasks_end(spark, group, timeout):
+def wait_until_tasks_end(spark, group, timeout, lost_hosts=()):
     """Wait (at most ``timeout`` s) until no task of ``group``'s jobs runs any more: a failed barrier
     stage fails at once on the driver while Spark still kills its other tasks, which take their
-    training processes with them. Under Connect there is no status tracker: it returns at once."""
+    training processes with them. Tasks on ``lost_hosts`` are not waited for: Spark counts them as
+    running until it gives their executors up (spark.network.timeout), yet cannot reach them to stop
+    them. Under Connect there is no status tracker: it returns at once."""
     if is_connect(spark) or not context_alive(spark):
         return True
     tracker = _context(spark).statusTracker()
     deadline = time.monotonic() + timeout
-    while _active_tasks(tracker, group):
+    while _active_tasks(tracker, group) > tasks_running_on(spark, lost_hosts):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.2)
     return True
+
+
+def executor_hosts(spark):
+    """The hosts Spark has executors on now (in local mode, the driver's); None under Connect."""
+    if is_connect(spark) or not context_alive(spark):
+        return None
+    return {info.host() for info in _context(spark)._jsc.sc().statusTracker().getExecutorInfos()}
+
+
+def tasks_running_on(spark, hosts):
+    """The tasks (of any job) Spark counts as running on executors of ``hosts`` (0 under Connect)."""
+    if not hosts or is_connect(spark) or not context_alive(spark):
+        return 0
+    infos = _context(spark)._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(info.numRunningTasks() for info in infos if info.host() in hosts)
 
 
 def _active_tasks(tracker, group):

@@ -69,6 +69,29 @@ class WorkerStalledError(WorkerError):
     """A worker made no progress for ``stall_timeout`` seconds (a stuck collective, a deadlock)."""
 
 
+class WorkerLostError(WorkerError):
+    """A worker was lost during the job with its host or executor: its host stopped answering its peers
+    (a cut link, a machine that went down) or Spark lost its executor. ``host`` is that host and
+    ``worker`` the lost worker (None when Spark did not say which); the message ends with what the
+    workers that remained saw (their collective aborted) as context. Always retryable: with
+    ``max_retries`` the job runs again on the executors the cluster has by then, and resumes from
+    ``checkpoint_dir``."""
+
+    def __init__(self, message, **fields):
+        fields["retryable"] = True
+        super().__init__(message, **fields)
+
+    @classmethod
+    def of(cls, worker, host, why, consequence=None):
+        """Worker ``worker`` on ``host`` (either None: unknown) was lost, ``why`` says how; ``consequence`` is
+        the error of a worker that remained (its aborted collective), kept as context."""
+        who = (f"worker {worker}" if worker is not None else "a worker") + (f" on {host}" if host else "")
+        message = f"{who} was lost: {why}. Running the job again can help (max_retries, with checkpoint_dir to resume)"
+        if consequence is not None:
+            message += f"\n--- what the workers that remained saw, as a consequence ---\n{consequence}"
+        return cls(message, worker=worker, host=host)
+
+
 class EnvironmentBuildError(WorkerError):
     """An executor could not build (or find) the Python environment of the training process;
     the message names the host, the requirements and the last lines of pip's output."""
@@ -90,6 +113,19 @@ class DriverUnreachableError(WorkerError):
     def __init__(self, message, **fields):
         fields["retryable"] = True
         super().__init__(message, **fields)
+
+
+# TensorFlow's errors for an op that lost contact with a peer: a collective, or the coordination
+# service's heartbeat, aborted because another worker stopped answering. A model or its data never
+# raises these; they are what the workers that remained see when one worker (or its host) is lost.
+LOST_CONTACT_TYPES = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError")
+
+
+def lost_contact(error):
+    """True for a WorkerError of a training process whose TensorFlow op failed for want of a peer: a
+    consequence of another worker's failure, not a cause."""
+    return isinstance(error, WorkerError) and not isinstance(error, WorkerLostError) \
+        and error.exc_type in LOST_CONTACT_TYPES
 
 
 def class_names(error):

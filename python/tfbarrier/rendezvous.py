@@ -11,8 +11,12 @@ Ports are never fixed: each training process binds port 0 on its own host and ke
 open (bound, not listening) while the peers gather, so no other process can be handed the port; the
 socket is closed right before TensorFlow's server binds it. A clash in that instant is reported as a
 ``PortClashError`` and the driver retries the stage.
+
+A worker whose collective aborted for want of a peer asks its peers' hosts, at the ports they met
+with, whether they are still there (``silent_peers``): a host that does not answer at all is lost.
 """
 
+import errno
 import json
 import math
 import socket
@@ -105,9 +109,46 @@ class DriverRendezvous:
                 gathering = self._gatherings[attempt] = _Gathering(self.size, self.wait)
         gathering.arrive(worker, message.get("info"), reply)
 
+    def hosts(self, attempt):
+        """{worker: host} of the tasks of submission ``attempt`` that arrived (empty when none did)."""
+        gathering = self._gatherings.get(attempt)
+        if gathering is None:
+            return {}
+        with gathering._lock:
+            return {worker: (info or {}).get("host") for worker, info in gathering.infos.items()}
+
     def close(self):
         for gathering in self._gatherings.values():
             gathering.cancel()
+
+
+_SILENT_ERRNOS = {errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
+
+
+def _answers(host, port, timeout):
+    """Whether ``host`` answers a TCP connection to ``port`` within ``timeout`` s. A refusal is an
+    answer (the host is up, nothing listens there any more); silence, or no route, is none."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except (socket.timeout, TimeoutError):
+        return False
+    except OSError as exc:
+        return exc.errno not in _SILENT_ERRNOS
+    return True
+
+
+def silent_peers(peers, index, timeout=settings.PEER_PROBE_TIMEOUT):
+    """The indexes of the peers (other than ``index``) whose hosts do not answer at the ports they met
+    with, asked all at once: at most ``timeout`` s."""
+    others = [i for i in range(len(peers)) if i != index]
+    answers = {}
+    threads = [threading.Thread(target=lambda i=i: answers.__setitem__(
+        i, _answers(peers[i]["host"], peers[i]["port"], timeout)), daemon=True) for i in others]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 1.0)
+    return [i for i in others if answers.get(i) is False]
 
 
 def _endpoint(host, port):

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares, transfer
-from .errors import DriverUnreachableError, TfBarrierError, WorkerError
+from .errors import DriverUnreachableError, TfBarrierError, WorkerError, WorkerLostError
 from .launcher import TrainingProcess
 from .results import WorkerResult
 
@@ -70,6 +70,23 @@ def _fetch_files(job, link, workdir, index, host):
     return transfer.Fetch(job, link, workdir)
 
 
+def _blame_lost_peer(error, peers, index, host):
+    """The training process's ``error``; or, when it lost contact with a peer (errors.lost_contact) whose
+    host no longer answers at all, a WorkerLostError naming that peer and its host, with ``error`` as
+    what this worker saw."""
+    if not errors.lost_contact(error):
+        return error
+    silent = rendezvous.silent_peers(peers, index)
+    if not silent:  # every peer's host answers: a peer's own failure, which its task reports
+        return error
+    lost = peers[silent[0]]
+    others = "".join(f"; worker {i} on {peers[i]['host']} did not answer either" for i in silent[1:])
+    why = (f"its host stopped answering during the job (worker {index} on {host} had no answer from "
+           f"{lost['host']}:{lost['port']} within {settings.PEER_PROBE_TIMEOUT:.0f} s: a cut link, or a machine "
+           f"that went down){others}")
+    return WorkerLostError.of(silent[0], lost["host"], why, consequence=error)
+
+
 def _run(job, context, batches, workdir, link):
     started = time.time()
     index = context.partitionId()
@@ -116,9 +133,12 @@ def _run(job, context, batches, workdir, link):
         forward = lambda message: link.send("progress", **message)  # noqa: E731
         # The stall watchdog counts from the first step: set-up sends nothing and has a budget of its own.
         stall = job.stall_timeout
-        process.receive(protocol.DONE, stall_timeout=stall, on_message=forward,
-                        armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
-                        setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
+        try:
+            process.receive(protocol.DONE, stall_timeout=stall, on_message=forward,
+                            armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
+                            setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
+        except WorkerError as error:
+            raise _blame_lost_peer(error, peers, index, host) from None
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
         process.stop(grace=settings.EXIT_GRACE)
     if job.warm_start:

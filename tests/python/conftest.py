@@ -20,6 +20,26 @@ SESSION_TAG = uuid.uuid4().hex
 os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 
 
+# `make test` deals the test files out to two pytest-xdist workers (--dist loadfile) in collection order:
+# these, the longest (each starts clusters or servers of its own), go first, so that no worker is left
+# with one of them at the end while the other idles.
+LONGEST_FIRST = ("test_host_faults.py", "test_hosts.py", "test_connect.py", "test_concurrency.py", "test_gpus.py",
+                 "test_tracking.py", "test_failures.py", "test_memory.py", "test_spares.py", "test_checkpoints.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
+
+
+def succeeded(outcomes, name):
+    """The outcome of a driver program's scenario ``name`` (``outcomes``: run_driver's), which must have
+    raised nothing."""
+    outcome = outcomes[name]
+    assert "error" not in outcome, outcome
+    return outcome
+
+
 def run_driver(script, *args, timeout=420, env=None):
     """Run ``support/<script>`` (a driver program) in a Python process of its own (environment ``env``,
     default this one's), with this folder on its path, and return the JSON of its ``RESULT `` line;

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import SESSION_TAG, run_driver
+from conftest import SESSION_TAG, run_driver, succeeded
 
 from support import hosts
 from support.hosts import HostsCluster, left_behind
@@ -76,18 +76,13 @@ def two_hosts(tmp_path_factory):
     return outcome
 
 
-def ok(outcome, name):
-    part = outcome[name]
-    assert "error" not in part, part
-    return part
-
 
 def test_each_executor_runs_on_its_own_hosts_address(two_hosts):
     assert two_hosts["executors"] == sorted(two_hosts["addresses"]["hosts"])
 
 
 def test_a_fit_across_two_hosts_keeps_replicas_equal_each_worker_reporting_its_hosts_address(two_hosts):
-    fit = ok(two_hosts, "fit_with_validation_saving_and_checkpoints")
+    fit = succeeded(two_hosts, "fit_with_validation_saving_and_checkpoints")
     workers = fit["workers"]
     assert sorted(w["host"] for w in workers) == sorted(two_hosts["addresses"]["hosts"])
     assert all(w["executor"].rsplit(":", 1)[0] == w["host"] for w in workers)
@@ -100,7 +95,7 @@ def test_a_fit_across_two_hosts_keeps_replicas_equal_each_worker_reporting_its_h
 
 
 def test_validation_save_to_and_checkpoint_dir_work_on_a_directory_every_host_sees(two_hosts):
-    fit = ok(two_hosts, "fit_with_validation_saving_and_checkpoints")
+    fit = succeeded(two_hosts, "fit_with_validation_saving_and_checkpoints")
     assert len(fit["history"]["val_loss"]) == 2 and None not in fit["history"]["val_loss"]
     assert sum(w["validation_rows"] for w in fit["workers"]) == 300  # every held-out row, once
     assert [s["epoch"] for s in fit["saved"]] == [1, 2] and all(s["bytes"] > 0 for s in fit["saved"])
@@ -110,7 +105,7 @@ def test_validation_save_to_and_checkpoint_dir_work_on_a_directory_every_host_se
 
 
 def test_a_second_fit_starts_warm_on_both_hosts(two_hosts):
-    second = ok(two_hosts, "second_fit")
+    second = succeeded(two_hosts, "second_fit")
     assert second["spares_before"]
     assert [w["warm_start"] for w in second["workers"]] == [True, True]
     assert sorted(w["host"] for w in second["workers"]) == sorted(two_hosts["addresses"]["hosts"])
@@ -118,32 +113,32 @@ def test_a_second_fit_starts_warm_on_both_hosts(two_hosts):
 
 
 def test_predict_scores_on_both_hosts_as_the_local_model_does(two_hosts):
-    predicted = ok(two_hosts, "predict")
+    predicted = succeeded(two_hosts, "predict")
     assert predicted["rows"] == predicted["equal_to_local"] == 300
     assert all(loads >= 1 for loads in predicted["model_loads"])  # each host's executor loaded the model
 
 
 def test_run_all_reduces_across_two_hosts(two_hosts):
-    value = ok(two_hosts, "run")
+    value = succeeded(two_hosts, "run")
     assert value["sum"] == 3.0  # 1 + 2: both workers' values, reduced over the hosts' link
     assert sorted(w.rsplit(":", 1)[0] for w in value["workers"]) == sorted(two_hosts["addresses"]["hosts"])
 
 
 def test_apply_runs_one_partition_on_each_host(two_hosts):
-    out = ok(two_hosts, "apply")
+    out = succeeded(two_hosts, "apply")
     assert out["partition"] == [0, 1] and sum(out["rows"]) == 1497
     assert sorted(a.rsplit(":", 1)[0] for a in out["address"]) == sorted(two_hosts["addresses"]["hosts"])
     assert all(set(w.split(",")) == set(out["address"]) for w in out["workers"])
 
 
 def test_tune_runs_its_two_one_worker_trials_at_once_on_different_hosts(two_hosts):
-    search = ok(two_hosts, "tune")
+    search = succeeded(two_hosts, "tune")
     assert search["status"] == ["ok", "ok"], search["errors"]
     assert sorted(h.rsplit(":", 1)[0] for h in search["hosts"]) == sorted(two_hosts["addresses"]["hosts"])
 
 
 def test_a_python_env_is_built_once_per_host_then_reused(two_hosts):
-    env = ok(two_hosts, "python_env")
+    env = succeeded(two_hosts, "python_env")
     first, second = env["fits"]
     assert env["builds"] == [1, 1]  # one build in each host's own temporary directory, none after
     assert [w["environment"]["built"] for w in first] == [True, True]
@@ -175,7 +170,7 @@ def test_a_fit_across_three_hosts_keeps_replicas_equal_on_three_addresses():
     clock.mark("cluster exit")
     print(f"\n3 hosts: {clock.seconds}; the driver's scenarios: {outcome['seconds']}")
     assert outcome["executors"] == sorted(expected)
-    fit = ok(outcome, "three_hosts")
+    fit = succeeded(outcome, "three_hosts")
     assert sorted(w["host"] for w in fit["workers"]) == sorted(expected)
     assert len({w["checksum"] for w in fit["workers"]}) == 1
     assert sum(w["rows"] for w in fit["workers"]) == 1497

@@ -131,3 +131,22 @@ def kill_after_step(worker, epoch, step):
 def kill_always(worker, epoch):
     """Kill the worker in every submission of the job: retries cannot help."""
     return _kill(worker, epoch, first_attempt_only=False)
+
+
+def control_at_step(ask, epoch, step, worker=0, target=1):
+    """In the job's first submission, worker ``worker`` calls ``ask(host)`` once, at the first batch end
+    from ``step`` of ``epoch`` (from 0) on, with the host of worker ``target`` (its TF_CONFIG address):
+    e.g. support/hosts.py's ``request`` to cut that host's link or stop it, through the test's Operator."""
+    def factory():
+        fired = []
+
+        def act(current_epoch, batch):
+            if (not fired and os.environ.get("TFBARRIER_ATTEMPT") == "1" and _worker_index() == worker
+                    and (current_epoch, batch) >= (epoch, step)):
+                fired.append(True)
+                address = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][target]
+                ask(address.rsplit(":", 1)[0])
+
+        return [_callback(act)]
+
+    return factory

@@ -29,8 +29,11 @@ gone (killed by SIGKILL), and removes namespaces and links with the prefix that 
 
 Controls for fault tests: ``cut(i)`` / ``restore(i)`` (host i's link down / up), ``shape(i, rate)``
 (a ``tc tbf`` rate limit both ways, e.g. "100mbit"; None removes it), ``stop_host(i)`` (kill every
-process in host i's namespace: its worker and executors), ``popen(i, argv)`` (a command on host i);
-``transfer_rate(cluster, a, b, nbytes)`` times a TCP stream from host a to host b.
+process in host i's namespace: its worker and executors), ``start_host(i)`` (a new Spark worker there),
+``popen(i, argv)`` (a command on host i); ``transfer_rate(cluster, a, b, nbytes)`` times a TCP stream
+from host a to host b. Other processes (a driver program, a fault callback in a training process) ask
+for a control with ``request(directory, control, host_address)``, which the test's
+``cluster.serve(directory)`` (an ``Operator``) runs at once, answering with the time it did.
 """
 
 import atexit
@@ -300,6 +303,13 @@ class HostsCluster(StandaloneCluster):
     def host_address(self, i):
         return SUBNET.format(self.subnet) + f".{10 + i}"
 
+    def host_index(self, address):
+        """The host whose address is ``address``."""
+        for i in range(self.hosts):
+            if self.host_address(i) == address:
+                return i
+        raise ValueError(f"no host of this cluster has the address {address!r}")
+
     def host_dir(self, i):
         return os.path.join(self.dir, f"host{i}")
 
@@ -410,15 +420,15 @@ class HostsCluster(StandaloneCluster):
     def restore(self, i):
         _ip("link", "set", self._outer(i), "up")
 
-    def shape(self, i, rate):
+    def shape(self, i, rate, burst=None):
         """Limit host i's link to ``rate`` ("100mbit", "1gbit") in both directions with a token bucket
-        (tc tbf, a burst of 10 ms at the rate); None removes the limit."""
+        (tc tbf, a burst of ``burst`` bytes, by default 10 ms at the rate); None removes the limit."""
         for netns, device in ((None, self._outer(i)), (self.namespace(i), self._inner(i))):
             where = ["-n", netns] if netns else []
             if rate is None:
                 subprocess.run(["tc", *where, "qdisc", "del", "dev", device, "root"], capture_output=True)
                 continue
-            burst = max(int(_bits_per_second(rate) / 8 / 100), 32 * 1024)
+            burst = burst or max(int(_bits_per_second(rate) / 8 / 100), 32 * 1024)
             _tc(*where, "qdisc", "replace", "dev", device, "root", "tbf", "rate", str(rate), "burst", str(burst),
                 "latency", "50ms")
 
@@ -426,6 +436,111 @@ class HostsCluster(StandaloneCluster):
         """Host i goes away: every process in its namespace (the worker, its executors, their Python
         workers and training processes) gets ``number``; returns their pids once they are gone."""
         return _kill(self.pids(i), number)
+
+    def start_host(self, i):
+        """Host i comes back after ``stop_host``: a new Spark worker in its namespace, registered with the
+        master (which gives running applications an executor there)."""
+        self._start_worker(i)
+        self._wait_for(f"worker{i}", "Successfully registered with master")
+
+    def serve(self, directory):
+        """An Operator running this cluster's controls for other processes (a driver program) that ask
+        through ``directory`` (``request``); stop it with ``close()``."""
+        return Operator(self, directory)
+
+
+# ---- controls asked for by other processes ---------------------------------------------------------
+# A driver program, and the training processes of its jobs on the hosts, cannot run the cluster's
+# controls: the cluster is the test's. They ask by writing a request file into a directory every host
+# sees; the test's Operator runs it at once and answers with the time it was done.
+CONTROLS = ("cut", "restore", "shape", "stop_host", "start_host")  # each takes the host first
+REQUEST_POLL = 0.02  # seconds between looks for new requests
+
+
+def _write_json(path, value):
+    with open(path + ".part", "w") as f:
+        json.dump(value, f)
+    os.replace(path + ".part", path)
+
+
+def request(directory, control, host, *args, wait=120.0):
+    """Ask the Operator serving ``directory`` to run ``control(host i, *args)`` on its cluster, for the host
+    whose address is ``host``. With ``wait``, wait up to that many seconds for the answer: {"started": and
+    "at": the time.time() it began and was done} or {"error": ...}; else return the request's name at
+    once. Uses the standard library only: a training process (a fault callback) can ask, with this
+    module shipped by value (cloudpickle.register_pickle_by_value)."""
+    name = f"{time.time():.6f}-{os.getpid()}-{secrets.token_hex(3)}"
+    _write_json(os.path.join(directory, name + ".request"),
+                {"control": control, "host": host, "args": list(args), "asked_at": time.time()})
+    return answer(directory, name, wait) if wait else name
+
+
+def answer(directory, name, wait=120.0):
+    """The answer to request ``name`` (request's return value with wait=0), waiting up to ``wait`` s."""
+    path = os.path.join(directory, name + ".done")
+    deadline = time.monotonic() + wait
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer to request {name} in {directory} within {wait:.0f} s")
+        time.sleep(REQUEST_POLL)
+    with open(path) as f:
+        return json.load(f)
+
+
+def answered(directory):
+    """Every answered request in ``directory``, in order: {"control", "host", "args", "asked_at", "started"
+    and "at", or "error"}."""
+    found = []
+    for entry in sorted(os.listdir(directory)):
+        if entry.endswith(".done"):
+            with open(os.path.join(directory, entry[:-5] + ".request")) as f:
+                asked = json.load(f)
+            with open(os.path.join(directory, entry)) as f:
+                found.append({**asked, **json.load(f)})
+    return found
+
+
+class Operator:
+    """Runs the requests written into ``directory`` (``request``) on ``cluster``, one at a time and in
+    order, in a thread of its own, as soon as they appear; only the controls in CONTROLS."""
+
+    def __init__(self, cluster, directory):
+        self.cluster, self.directory = cluster, directory
+        os.makedirs(directory, exist_ok=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hosts-operator", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            for entry in sorted(os.listdir(self.directory)):
+                name = entry[:-len(".request")]
+                if entry.endswith(".request") and not os.path.exists(os.path.join(self.directory, name + ".done")):
+                    self._do(name)
+            self._stop.wait(REQUEST_POLL)
+
+    def _do(self, name):
+        with open(os.path.join(self.directory, name + ".request")) as f:
+            asked = json.load(f)
+        started = time.time()
+        try:
+            if asked["control"] not in CONTROLS:
+                raise ValueError(f"not a control: {asked['control']!r} (one of {', '.join(CONTROLS)})")
+            getattr(self.cluster, asked["control"])(self.cluster.host_index(asked["host"]), *asked["args"])
+            done = {"started": started, "at": time.time()}
+        except Exception as exc:  # noqa: BLE001 - the asking process gets it
+            done = {"error": f"{type(exc).__name__}: {exc}"}
+        _write_json(os.path.join(self.directory, name + ".done"), done)
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 _RECEIVER = """

@@ -75,11 +75,16 @@ class StandaloneCluster:
                     "--port", str(port), "--webui-port", str(_free_port(self.master_host)))
         self._wait_for("master", "I have been elected leader")
         for i in range(self.workers):
-            self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url, "--host", self._worker_host(i),
-                        "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(_free_port()),
-                        "--work-dir", self._work_dir(i), env=self._env(i), launcher=self._launcher(i))
+            self._start_worker(i)
         for i in range(self.workers):
             self._wait_for(f"worker{i}", "Successfully registered with master")
+
+    def _start_worker(self, i):
+        """Start worker ``i`` (its log: ``worker<i>.log``), without waiting for it to register."""
+        return self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.url, "--host",
+                           self._worker_host(i), "--cores", str(self.cores), "--memory", self.memory, "--webui-port",
+                           str(_free_port()), "--work-dir", self._work_dir(i), env=self._env(i),
+                           launcher=self._launcher(i))
 
     def _stop_spark(self):
         """SIGTERM to every process group started (workers first), SIGKILL to those still there after 20 s."""
