@@ -33,8 +33,10 @@ demo-r: r-install
 
 test: test-python test-r
 
+# Two pytest-xdist workers, a test file each at a time (module fixtures share their clusters): much of a
+# test's time is a JVM or TensorFlow starting, or a fault's timeout running out, which the other fills.
 test-python: venv
-	$(PY) -m pytest tests/python
+	$(PY) -m pytest -n 2 --dist loadfile tests/python
 
 # R CMD check runs tests/testthat (real Spark and TensorFlow through reticulate) and the vignette's code
 # (R CMD build already knitted it). sparklyr and keras3 (Suggests) are not installable here.
