@@ -5,12 +5,13 @@ end the job (or the machine) mid-way.
 A training process holds TensorFlow itself (TENSORFLOW_BYTES, measured on the benchmark machine),
 the model's variables, the optimizer's slots (per trainable weight: none for plain SGD, one with
 momentum, two for Adam...), the gradients, a batch, and TensorFlow's working memory: the temporaries
-of building the variables (initializers, MultiWorkerMirroredStrategy's broadcast of initial values)
-and of a step (the all-reduce's packed copies of the gradients...), which TensorFlow's allocator keeps
-once it has them. That last part was measured (bench/large_model_bench.py, an MLP of 61 M parameters:
-a training process's peak 2.6 GB above its TensorFlow baseline with SGD and with Adam, for 233 MB of
-weights; one plain tf_keras process, no strategy, 1.4 GB) and is taken as WORKING_COPIES x the trainable
-weights. The estimate is the sum (``ModelSize.worker_bytes``).
+of building the variables (initializers) and of a step (the all-reduce's messages of the gradients, a
+pack at a time...), which TensorFlow's allocator keeps once it has them. That last part was measured
+(bench/large_model_bench.py, an MLP of 61 M parameters, 233 MB of weights: a training process's peak
+1.98 GB above its TensorFlow baseline with SGD, 2.27 GB with Adam; one plain tf_keras process, no
+strategy, 1.40 GB and 1.53 GB), about 6.5 and 5.8 times the trainable weights beyond the weights, slots
+and gradients, and is taken as WORKING_COPIES x the trainable weights. The estimate is the sum
+(``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
 the machine's available memory shared by every worker; with ``spark.executor.pyspark.memory``, that
@@ -28,7 +29,7 @@ from .settings import MEMORY_CHECK_CONF
 
 TENSORFLOW_BYTES = 650 * 2**20  # a training process with TensorFlow, tf_keras and a strategy, before any model
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
-WORKING_COPIES = 9  # TensorFlow's working memory in a training process, in trainable weights (see above)
+WORKING_COPIES = 7  # TensorFlow's working memory in a training process, in trainable weights (see above)
 MIB = 2**20
 
 
