@@ -86,9 +86,10 @@ class Job:
                 "throughput": samples / (ends[-1] - ends[0])}
 
 
-def single_process(job):
+def single_process(job, popen=subprocess.Popen):
+    """The limit; ``popen`` starts it (bench/hosts_bench.py: on one host of a cluster)."""
     def run(clock):
-        wait_all([subprocess.Popen(workload_args("single", job, job.global_batch, clock))])
+        wait_all([popen(workload_args("single", job, job.global_batch, clock))])
     return run
 
 

@@ -58,8 +58,9 @@ def per_step_ms(run, steps):
     return (time.perf_counter() - started) * 1000 / steps
 
 
-def worker(kind, steps, rounds, out):
-    """One worker process: every part, ``rounds`` times, in the same order as its peer."""
+def worker(kind, steps, rounds, out, parts):
+    """One worker process: the ``parts`` (indices into PARTS), ``rounds`` times, in the same order as its
+    peers."""
     import numpy as np
     import tensorflow as tf
     import tf_keras
@@ -128,13 +129,16 @@ def worker(kind, steps, rounds, out):
             return clock.seconds
         return run
 
-    runs = [looped(compute), looped(all_reduce(None, [tf.zeros(())])), looped(all_reduce(None)),
-            looped(all_reduce(packed)), looped(whole), keras_fit(1), keras_fit(1, "first"), keras_fit(10),
-            keras_fit(30), keras_fit(30, "first"), keras_fit(30, "first", metrics=False),
-            keras_fit(30, "first", tfbarrier=True), keras_fit(30, "first", tfbarrier=True, compression="fp16")]
-    times = {part: [] for part in PARTS}
+    runs = [lambda: looped(compute), lambda: looped(all_reduce(None, [tf.zeros(())])),
+            lambda: looped(all_reduce(None)), lambda: looped(all_reduce(packed)), lambda: looped(whole),
+            lambda: keras_fit(1), lambda: keras_fit(1, "first"), lambda: keras_fit(10), lambda: keras_fit(30),
+            lambda: keras_fit(30, "first"), lambda: keras_fit(30, "first", metrics=False),
+            lambda: keras_fit(30, "first", tfbarrier=True),
+            lambda: keras_fit(30, "first", tfbarrier=True, compression="fp16")]
+    chosen = {PARTS[i]: runs[i]() for i in parts}  # built in the same order on every worker
+    times = {part: [] for part in chosen}
     for _ in range(rounds):
-        for part, run in zip(PARTS, runs):
+        for part, run in chosen.items():
             times[part].append(per_step_ms(run, steps))
     if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
         with open(out, "w") as f:
@@ -174,15 +178,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_processes(role, model, count, steps, rounds):
+def run_processes(role, model, count, steps, rounds, parts=None):
+    """Run ``count`` processes of ``role`` ("worker": MultiWorkerMirroredStrategy processes on loopback,
+    timing ``parts``, indices into PARTS; "alone": one process without a strategy) and return worker 0's
+    times: part -> milliseconds per step, one per round. bench/scaling_model.py runs it too."""
     out = tempfile.mktemp(prefix="tfbarrier-anatomy-", suffix=".json")
+    parts = range(len(PARTS)) if parts is None else parts
     workers = [f"127.0.0.1:{free_port()}" for _ in range(count)]
     processes = []
     for index in range(count):
         env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": {"worker": workers},
                                                      "task": {"type": "worker", "index": index}}))
         processes.append(subprocess.Popen([sys.executable, __file__, "--as", role, "--model", model,
-                                           "--steps", str(steps), "--rounds", str(rounds), "--out", out], env=env))
+                                           "--steps", str(steps), "--rounds", str(rounds), "--out", out,
+                                           "--parts", *map(str, parts)], env=env))
     for process in processes:
         if process.wait() != 0:
             raise SystemExit(f"a {role} process failed with exit code {process.returncode}")
@@ -197,9 +206,13 @@ def main():
     parser.add_argument("--as", dest="role", choices=("worker", "alone"))
     parser.add_argument("--model", choices=("cnn", "large"), default="cnn")
     parser.add_argument("--out")
+    parser.add_argument("--parts", type=int, nargs="*", default=range(len(PARTS)), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        (worker if args.role == "worker" else alone)(args.model, args.steps, args.rounds, args.out)
+        if args.role == "worker":
+            worker(args.model, args.steps, args.rounds, args.out, args.parts)
+        else:
+            alone(args.model, args.steps, args.rounds, args.out)
         os._exit(0)  # skip interpreter teardown: TensorFlow's collective threads can stall it
     harness.local_spark_env()
     harness.settle()
