@@ -12,6 +12,7 @@ the model, the figure and the timings at the end). The MLflow import is paid onc
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 
@@ -48,6 +49,8 @@ def main():
     import mlflow
     store = tempfile.mkdtemp(prefix="tfbarrier-bench-mlflow-")
     mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
+    # Artifacts go with the store: a SQLite store's default experiment keeps them in ./mlruns.
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment("bench", artifact_location=f"{store}/artifacts"))
     spark = harness.local_spark()
     x, y = workloads.make_data(store, args.rows)
     df = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)], ["pixels", "label"])
@@ -72,6 +75,7 @@ def main():
     harness.write_section("tracking", body)
     print(body)
     spark.stop()
+    shutil.rmtree(store, ignore_errors=True)
 
 
 if __name__ == "__main__":
