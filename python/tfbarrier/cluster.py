@@ -318,18 +318,24 @@ def wait_until_tasks_end(spark, group, timeout, lost_hosts=()):
     return True
 
 
-def executor_hosts(spark):
-    """The hosts Spark has executors on now (in local mode, the driver's); None under Connect."""
+def _executor_infos(spark):
+    """Spark's ExecutorInfos now (in local mode, the driver's); None under Connect or without a context."""
     if is_connect(spark) or not context_alive(spark):
         return None
-    return {info.host() for info in _context(spark)._jsc.sc().statusTracker().getExecutorInfos()}
+    return _context(spark)._jsc.sc().statusTracker().getExecutorInfos()
+
+
+def executor_hosts(spark):
+    """The hosts Spark has executors on now (in local mode, the driver's); None under Connect."""
+    infos = _executor_infos(spark)
+    return None if infos is None else {info.host() for info in infos}
 
 
 def tasks_running_on(spark, hosts):
     """The tasks (of any job) Spark counts as running on executors of ``hosts`` (0 under Connect)."""
-    if not hosts or is_connect(spark) or not context_alive(spark):
+    infos = _executor_infos(spark) if hosts else None
+    if infos is None:
         return 0
-    infos = _context(spark)._jsc.sc().statusTracker().getExecutorInfos()
     return sum(info.numRunningTasks() for info in infos if info.host() in hosts)
 
 

@@ -76,6 +76,12 @@ def _translate(exc, spark, hosts=None, lost_hosts=()):
     return exc
 
 
+def _hosts_gone(spark, executors):
+    """The hosts of ``executors`` (cluster.executor_hosts before the job) Spark has no executor on now."""
+    now = cluster.executor_hosts(spark)
+    return executors - now if executors is not None and now is not None else set()
+
+
 def _failure(exc, spark, tag, executors, hosts):
     """What a failed job means, once its tasks ended: the error (``_translate``) of the first task Spark
     saw fail, unless that was a worker whose collective aborted for want of a peer (errors.lost_contact)
@@ -83,14 +89,12 @@ def _failure(exc, spark, tag, executors, hosts):
     the job, ``hosts``: {worker: host} from the rendezvous): then that worker's WorkerLostError, with
     the aborted collective as its context. Tasks on a lost host are not waited for: Spark cannot reach
     them, and their training processes stop by themselves when their peers stop answering."""
-    now = cluster.executor_hosts(spark)
-    lost_hosts = (executors - now) if executors is not None and now is not None else set()
+    lost_hosts = _hosts_gone(spark, executors)
     error = _translate(exc, spark, hosts, lost_hosts)
-    waited_for = lost_hosts | ({error.host} if isinstance(error, WorkerLostError) and error.host else set())
-    cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE, lost_hosts=waited_for)
+    unreachable = lost_hosts | ({error.host} if isinstance(error, WorkerLostError) and error.host else set())
+    cluster.wait_until_tasks_end(spark, tag, CANCEL_GRACE, lost_hosts=unreachable)
     if errors.lost_contact(error):
-        now = cluster.executor_hosts(spark)
-        gone = (executors - now) if executors is not None and now is not None else set()
+        gone = _hosts_gone(spark, executors)  # again: Spark may have given an executor up meanwhile
         if hosts:  # the job's own hosts, when the rendezvous knows them
             gone &= set(hosts.values())
         if gone:
