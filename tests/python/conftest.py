@@ -83,6 +83,23 @@ def training_processes(spares=False, tag=None, module="tfbarrier.training_proces
     return found
 
 
+def session_listeners(endpoints):
+    """This test session's processes that still listen on one of the ``host:port`` ``endpoints``. Only
+    this session's: under pytest-xdist the other worker's fits may take a port this one let go."""
+    import psutil
+
+    ports = {int(endpoint.rsplit(":", 1)[1]) for endpoint in endpoints}
+    held = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port in ports and conn.pid:
+            try:
+                if psutil.Process(conn.pid).environ().get("TFBARRIER_TEST_SESSION") == SESSION_TAG:
+                    held.append((conn.pid, conn.laddr.port))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    return held
+
+
 def meet_in_pairs(directory, pairs, seconds=300):
     """A fit's ``callbacks`` factory proving that fits train two at a time, whatever the machine's load:
     at the end of its training the chief of each of the first ``2 * pairs`` fits (in order of arrival)

@@ -5,22 +5,11 @@ import socket
 import time
 
 import pytest
-from conftest import digits_cnn, training_processes
+from conftest import digits_cnn, session_listeners, training_processes
 from support import faults
 
 import tfbarrier
 from tfbarrier.errors import JobTimeoutError, WorkerError, WorkerStalledError
-
-
-def port_is_free(endpoint):
-    port = int(endpoint.rsplit(":", 1)[1])
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-            return True
-        except OSError:
-            return False
 
 
 def fit(df, **kwargs):
@@ -42,7 +31,7 @@ def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_b
     assert "injected failure" in error.log  # the worker's own traceback, from its output
     assert "absl::InitializeLog" not in error.log and "oneDNN" not in error.log  # TensorFlow's banners
     assert training_processes() == []
-    assert all(port_is_free(endpoint) for endpoint in fault["workers"])
+    assert session_listeners(fault["workers"]) == []
     assert error.attempts == [{"attempt": 1, "error": str(error).splitlines()[0].join(["WorkerError: ", ""]),
                                "retryable": False}]
 
