@@ -94,6 +94,19 @@ def to_tf_keras(config, namespaces=None):
     return out
 
 
+ZEROS = {"class_name": "Zeros", "config": {}}
+
+
+def zeros_initializers(config):
+    """A copy of a tf_keras model config whose layers initialize every weight with zeros."""
+    if isinstance(config, list):
+        return [zeros_initializers(item) for item in config]
+    if not isinstance(config, dict):
+        return config
+    return {key: ZEROS if key.endswith("_initializer") and value is not None else zeros_initializers(value)
+            for key, value in config.items()}
+
+
 def _deserialize(config, namespace_name, get):
     """An optimizer/loss/metric from a (translated) serialized form, or the plain string."""
     if config is None or isinstance(config, str):

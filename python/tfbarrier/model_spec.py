@@ -158,7 +158,20 @@ def _assign_in_slices(variable, f, shape, dtype):
     for first in range(0, shape[0], rows):
         values = np.empty((min(rows, shape[0] - first), *shape[1:]), dtype)
         f.readinto(memoryview(values).cast("B"))
+        _assign_rows(variable, first, values)
+
+
+def _assign_rows(variable, first, values):
+    """``variable[first:first + len(values)] = values`` in place. ``variable[...].assign`` reads the
+    variable's value first, and writing while that read is alive copies the whole variable."""
+    handle = getattr(variable, "handle", None)
+    if handle is None:  # not a tf.Variable (Keras 3 on another backend)
         variable[first:first + len(values)].assign(values)
+        return
+    import tensorflow as tf
+
+    tf.raw_ops.ResourceStridedSliceAssign(ref=handle, begin=[first], end=[first + len(values)], strides=[1],
+                                          value=values)
 
 
 def tf_variable(variable):
@@ -282,19 +295,19 @@ class ModelSpec:
             return model
         local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
         with communication.initial_values_local(strategy):  # every worker reads the same weights next
-            model = self._build_from_config()
+            # Zeros, not the layers' initializers: read_weights overwrites every weight, and a random
+            # initializer's temporaries (twice the weights) would stay in TensorFlow's allocator.
+            model = self._model_from_config(zeros=True)
+            model.compile(**keras_compat.compile_kwargs(self.compile_config))
             read_weights(self.weights.path(workdir), model.weights, local)
         return model
 
-    def _build_from_config(self):
-        model = self._model_from_config()
-        model.compile(**keras_compat.compile_kwargs(self.compile_config))
-        return model
-
-    def _model_from_config(self):
+    def _model_from_config(self, zeros=False):
         import tf_keras
 
         config = keras_compat.to_tf_keras(json.loads(self.model_json))
+        if zeros:
+            config = keras_compat.zeros_initializers(config)
         return tf_keras.models.model_from_json(json.dumps(config))
 
     def rebuilt_in_users_keras(self):

@@ -58,3 +58,25 @@ def test_built_in_optimizers_keep_their_settings(optimizer):
     rebuilt = worker_model(model)
     assert type(rebuilt.optimizer).__name__ == optimizer
     assert float(rebuilt.optimizer.learning_rate) == pytest.approx(0.0123)
+
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+def test_weights_read_in_slices_of_a_few_rows_equal_the_written(flavor, tmp_path, monkeypatch):
+    import importlib
+
+    from tfbarrier import model_spec
+
+    keras = importlib.import_module(flavor)
+    monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 4)  # 3 rows of the 7-wide kernel: slices of 3, 3, 3, 1
+
+    def make(initializer):
+        return keras.Sequential([keras.Input((10,)), keras.layers.Dense(7, kernel_initializer=initializer,
+                                                                        bias_initializer=initializer)])
+
+    written, read = make("glorot_uniform"), make("zeros")
+    written.layers[0].bias.assign(np.arange(7, dtype="float32"))
+    path = str(tmp_path / "w.safetensors")
+    model_spec.write_weights(written.weights, path)
+    model_spec.read_weights(path, read.weights, lambda variable: [model_spec.tf_variable(variable)])
+    for mine, theirs in zip(read.weights, written.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
