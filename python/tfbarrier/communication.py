@@ -121,18 +121,6 @@ def _local_initial_value(extended):
     return getattr(super(CollectiveAllReduceExtended, extended), "_get_variable_creator_initial_value", None)
 
 
-def build_optimizer(model, strategy):
-    """Make the optimizer's slots now, each worker its own (zeros, or the weights' values for an EMA,
-    alike on every worker), instead of at the first step, where each would be broadcast. tf_keras's
-    optimizers only (a legacy one makes its slots as it goes)."""
-    import tf_keras
-
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # past a LossScaleOptimizer
-    if isinstance(optimizer, tf_keras.optimizers.Optimizer):
-        with initial_values_local(strategy):
-            optimizer.build(model.trainable_variables)
-
-
 def in_pieces(aggregate, piece_bytes):
     """``aggregate`` (a list of (gradient, variable) in, all-reduced out) with each dense gradient of more
     than ``piece_bytes`` sent as pieces of its flattened values (slices, not copies), joined again after."""

@@ -17,7 +17,7 @@ import cloudpickle
 import tensorflow as tf
 import tf_keras
 
-from . import communication, evaluation, memory, pacing, protocol, saving, shards
+from . import communication, evaluation, memory, optimizers, pacing, protocol, saving, shards
 from .checkpoints import Checkpoints, resume_point, start_of
 from .errors import ColumnError
 from .job import port_clash_is_retryable
@@ -43,7 +43,8 @@ def train(job, config, channel):
     tensorflow_mb, _ = resident_mb()
     with strategy.scope():
         model = job.model.build(workdir, strategy)
-        communication.build_optimizer(model, strategy)
+        optimizers.build(model, strategy)
+        optimizers.fuse_updates(model)
         communication.all_reduce_in_pieces(model, job.communication)
         communication.compress_gradients(model, job.communication)
         pacer = pacing.resolve(model, job.steps_per_execution, most=_steps_between_checkpoints(job))

@@ -6,14 +6,14 @@ import tfbarrier
 def initial_values():
     """In each of two workers, variables whose initial value is the worker's index: made as
     MultiWorkerMirroredStrategy makes them, inside ``initial_values_local``, and after it; an Adam
-    optimizer's slots made by ``build_optimizer``. Returns the sums of each across the workers."""
+    optimizer's slots made by ``optimizers.build``. Returns the sums of each across the workers."""
     import json
     import os
 
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier import communication
+    from tfbarrier import communication, optimizers
 
     index = float(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -24,7 +24,7 @@ def initial_values():
         after = tf.Variable(index)
         model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, kernel_initializer="ones")])
         model.compile(optimizer=tf_keras.optimizers.Adam(), loss="mse")
-        communication.build_optimizer(model, strategy)
+        optimizers.build(model, strategy)
     slots = [v for v in model.optimizer.variables if v.shape == model.layers[0].kernel.shape]
 
     def total(variable):
