@@ -5,13 +5,13 @@ end the job (or the machine) mid-way.
 A training process holds TensorFlow itself (TENSORFLOW_BYTES, measured on the benchmark machine),
 the model's variables, the optimizer's slots (per trainable weight: none for plain SGD, one with
 momentum, two for Adam...), the gradients, a batch, and TensorFlow's working memory: the temporaries
-of building the variables (initializers) and of a step (the all-reduce's messages of the gradients, a
-pack at a time...), which TensorFlow's allocator keeps once it has them. That last part was measured
+of a step (the all-reduce's pieces of the gradients and their sums, the gradients joined again...),
+which TensorFlow's allocator (oneDNN's pool) keeps once it has them. That last part was measured
 (bench/large_model_bench.py, an MLP of 61 M parameters, 233 MB of weights: a training process's peak
-1.98 GB above its TensorFlow baseline with SGD, 2.27 GB with Adam; one plain tf_keras process, no
-strategy, 1.40 GB and 1.53 GB), about 6.5 and 5.8 times the trainable weights beyond the weights, slots
-and gradients, and is taken as WORKING_COPIES x the trainable weights. The estimate is the sum
-(``ModelSize.worker_bytes``).
+1.67 GB above its TensorFlow baseline with SGD, 1.99-2.32 GB with Adam, at most 2.44 GB; one plain
+tf_keras process, no strategy, 1.40 GB and 1.50 GB), up to 6.5 times the trainable weights beyond the
+weights, slots and gradients, and is taken as WORKING_COPIES x the trainable weights. The estimate is
+the sum (``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
 the machine's available memory shared by every worker; with ``spark.executor.pyspark.memory``, that

@@ -112,10 +112,24 @@ def write_weights(variables, path=None):
     with open(path or os.devnull, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)) + encoded)
         for variable in variables:
-            values = memoryview(np.ascontiguousarray(variable.numpy())).cast("B")
-            digest.update(values)
-            f.write(values)
+            for values in _values_in_slices(variable):
+                values = memoryview(np.ascontiguousarray(values)).cast("B")
+                digest.update(values)
+                f.write(values)
     return digest.hexdigest()
+
+
+def _values_in_slices(variable):
+    """``variable``'s values as arrays of at most WEIGHTS_CHUNK bytes (rows of its first dimension), so
+    that a large weight is not copied whole beside what TensorFlow's allocator already holds."""
+    shape = [int(d) for d in variable.shape]
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(_dtype_name(variable)).itemsize
+    if not shape or shape[0] * row_bytes <= WEIGHTS_CHUNK:
+        yield variable.numpy()
+        return
+    rows = max(1, WEIGHTS_CHUNK // max(1, row_bytes))
+    for first in range(0, shape[0], rows):
+        yield np.asarray(variable[first:first + rows])
 
 
 def _read_header(f):

@@ -61,13 +61,13 @@ def test_built_in_optimizers_keep_their_settings(optimizer):
 
 
 @pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
-def test_weights_read_in_slices_of_a_few_rows_equal_the_written(flavor, tmp_path, monkeypatch):
+def test_weights_written_and_read_in_slices_of_a_few_rows_come_back_equal(flavor, tmp_path, monkeypatch):
     import importlib
 
     from tfbarrier import model_spec
 
     keras = importlib.import_module(flavor)
-    monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 4)  # 3 rows of the 7-wide kernel: slices of 3, 3, 3, 1
+    monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 4)  # the 10 x 7 kernel goes in 3, 3, 3 and 1 rows
 
     def make(initializer):
         return keras.Sequential([keras.Input((10,)), keras.layers.Dense(7, kernel_initializer=initializer,
