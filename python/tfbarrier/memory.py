@@ -8,8 +8,8 @@ momentum, two for Adam...), the gradients, a batch, and TensorFlow's working mem
 of a step (the all-reduce's pieces of the gradients and their sums, the gradients joined again...),
 which TensorFlow's allocator (oneDNN's pool) keeps once it has them. That last part was measured
 (bench/large_model_bench.py, an MLP of 61 M parameters, 233 MB of weights: a training process's peak
-1.67 GB above its TensorFlow baseline with SGD, 1.99-2.32 GB with Adam, at most 2.44 GB; one plain
-tf_keras process, no strategy, 1.40 GB and 1.50 GB), up to 6.5 times the trainable weights beyond the
+1.31-1.48 GB above its TensorFlow baseline with SGD, 1.90-2.15 GB with Adam, at most 2.44 GB over two
+runs; one plain tf_keras process, no strategy, 1.40 GB and 1.53 GB), up to 6.5 times the trainable weights beyond the
 weights, slots and gradients, and is taken as WORKING_COPIES x the trainable weights. The estimate is
 the sum (``ModelSize.worker_bytes``).
 
