@@ -3,6 +3,7 @@
 
 import os
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -80,6 +81,16 @@ def training_processes(spares=False, tag=None, module="tfbarrier.training_proces
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
+    return found
+
+
+def left_behind(seconds=10):
+    """This session's training processes still alive after up to ``seconds``, or []. A fit returns or
+    raises once Spark counts its tasks ended, a moment before a stopped training process has exited (a
+    spare's keeper kills it when the task's socket closes): asserting at once would race that exit."""
+    deadline = time.monotonic() + seconds
+    while (found := training_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return found
 
 

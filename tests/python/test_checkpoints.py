@@ -4,7 +4,7 @@ history, the same weights."""
 
 import numpy as np
 import pytest
-from conftest import digits_cnn, training_processes
+from conftest import digits_cnn, left_behind
 from support import faults
 
 import tfbarrier
@@ -55,7 +55,7 @@ def test_a_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninterrupted(
     assert [w["steps"] for w in result.workers] == [steps - 6] * 2  # only the rest of epoch 1 ran again
     assert_same_training(result, uninterrupted)
     assert not (tmp_path / "state").exists()  # a finished fit leaves nothing to resume
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_a_fit_resumed_from_an_epoch_checkpoint_continues_the_data_where_it_stopped(digits_df, uninterrupted,

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import digits_cnn, overshooting_line, partitioned, training_processes
+from conftest import digits_cnn, left_behind, overshooting_line, partitioned
 from support import faults
 
 import tfbarrier
@@ -88,7 +88,7 @@ def test_early_stopping_stops_every_worker_on_the_val_loss_of_all_of_them(opposi
     assert result.history["val_loss"] == pytest.approx([6.74, 7.2104], rel=1e-5)
     assert result.stopped_epoch == 1 and result.epochs == 2  # epoch 0 is the best, epoch 1 no better
     assert [w["steps"] for w in result.workers] == [2, 2]
-    assert training_processes() == []
+    assert left_behind() == []
     axis, = result.plot().axes  # one panel, loss and its validation twin
     assert [line.get_label() for line in axis.get_lines()] == ["loss", "val_loss"]
     assert list(axis.get_lines()[1].get_ydata()) == pytest.approx([6.74, 7.2104], rel=1e-5)

@@ -5,7 +5,7 @@ import socket
 import time
 
 import pytest
-from conftest import digits_cnn, session_listeners, training_processes
+from conftest import digits_cnn, left_behind, session_listeners
 from support import faults
 
 import tfbarrier
@@ -30,7 +30,7 @@ def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_b
     assert "worker 1 on" in str(error) and "ValueError: injected failure in worker 1 at epoch 1" in str(error)
     assert "injected failure" in error.log  # the worker's own traceback, from its output
     assert "absl::InitializeLog" not in error.log and "oneDNN" not in error.log  # TensorFlow's banners
-    assert training_processes() == []
+    assert left_behind() == []
     assert session_listeners(fault["workers"]) == []
     assert error.attempts == [{"attempt": 1, "error": str(error).splitlines()[0].join(["WorkerError: ", ""]),
                                "retryable": False}]
@@ -49,7 +49,7 @@ def test_a_hanging_worker_is_caught_by_the_stall_watchdog_which_shows_where_it_s
     assert error.worker in (0, 1) and f"worker {error.worker} on {error.host} made no progress" in str(error)
     stacks = error.log[error.log.index("(most recent call first)"):]
     assert " in fit" in stacks and (" in act" in stacks) == (error.worker == 1)
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_when_retries_run_out_the_last_error_is_raised_with_every_attempt(digits_df):
@@ -58,7 +58,7 @@ def test_when_retries_run_out_the_last_error_is_raised_with_every_attempt(digits
     attempts = failure.value.attempts
     assert [a["attempt"] for a in attempts] == [1, 2] and all(a["retryable"] for a in attempts)
     assert all("killed by signal SIGKILL" in a["error"] for a in attempts)
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_a_slow_but_healthy_fit_outlives_a_short_stall_timeout(digits_df):
@@ -93,7 +93,7 @@ def test_timeout_cancels_the_whole_fit(digits_df):
     with pytest.raises(JobTimeoutError, match="ran past its timeout of 30 s"):
         fit(digits_df, callbacks=faults.hang(worker=0, epoch=1), stall_timeout=None, timeout=30)
     assert time.time() - started < 30 + 60  # the deadline and the cancellation, not the hang
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_a_killed_worker_is_retried_and_resumes_from_the_last_epoch(digits_df, digits, tmp_path):
@@ -111,14 +111,14 @@ def test_a_killed_worker_is_retried_and_resumes_from_the_last_epoch(digits_df, d
     assert [s["epoch"] for s in result.saved] == [1, 2, 3]
     manifest = json.loads((tmp_path / "models" / "saved.json").read_text())
     assert [m["logs"]["loss"] for m in manifest] == result.history["loss"]
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_a_killed_worker_without_retries_is_reported_as_retryable(digits_df):
     with pytest.raises(WorkerError, match="killed by signal SIGKILL") as failure:
         fit(digits_df, epochs=2, callbacks=faults.kill_first_attempt(worker=0, epoch=1))
     assert failure.value.worker == 0 and failure.value.retryable
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def model_function_refusing_its_input():
@@ -137,7 +137,7 @@ def test_a_tfbarrier_error_raised_in_a_training_process_keeps_its_class(digits_d
     assert caught.value.worker in (0, 1) and caught.value.host
     assert "wants 3 channels" in caught.value.log
     assert not isinstance(caught.value, WorkerError)
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_tensorflows_invalid_argument_error_is_a_worker_error_not_tfbarriers(digits_df):
@@ -160,7 +160,7 @@ def test_one_timeout_covers_every_attempt(digits_df):
     attempts = caught.value.attempts
     assert len(attempts) >= 2 and all("killed by signal SIGKILL" in a["error"] for a in attempts[:-1])
     assert attempts[-1]["error"].startswith("JobTimeoutError") and not attempts[-1]["retryable"]
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds(digits_df, monkeypatch):
@@ -190,4 +190,4 @@ def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds
     first, second = result.attempts
     assert first["retryable"] and first["error"].startswith("PortClashError")
     assert second["error"] is None and len(result.history["loss"]) == 1
-    assert training_processes() == []
+    assert left_behind() == []

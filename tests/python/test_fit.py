@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import digits_cnn, held_out_accuracy, partitioned, training_processes
+from conftest import digits_cnn, held_out_accuracy, left_behind, partitioned
 
 import tfbarrier
 
@@ -141,7 +141,7 @@ def test_numeric_feature_columns_and_a_model_function(spark):
 
 
 def test_no_training_process_outlives_its_fit(two_worker_fit):
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def tf_keras_cnn():

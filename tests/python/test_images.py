@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import partitioned, training_processes
+from conftest import left_behind, partitioned
 
 import tfbarrier
 from tfbarrier.errors import ColumnError, ModelError
@@ -102,7 +102,7 @@ def test_a_corrupt_image_fails_the_fit_with_its_row_in_the_partition(spark, digi
         tfbarrier.fit(df, image_cnn(), features="content", label="digit", batch_size=16, num_workers=2,
                       verbose=0)
     assert caught.value.worker == 1
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def encoded(pixels, image_format, mode="L", scale=1):

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import training_processes
+from conftest import left_behind
 
 import tfbarrier
 from tfbarrier.settings import DRIVER_LINK_CONF
@@ -102,4 +102,4 @@ def test_tasks_that_cannot_reach_the_driver_link_get_the_job_again_with_its_file
     assert second["error"] is None and second["through_spark"]["job_bytes"] > function.size
     assert [r.transfer["via"] for r in results] == ["spark", "spark"]
     assert dataclasses.replace(job).function.data is None  # the caller's job is left as it was
-    assert training_processes() == []
+    assert left_behind() == []

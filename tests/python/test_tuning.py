@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import digits_cnn, held_out_accuracy, meet_in_pairs, training_processes
+from conftest import digits_cnn, held_out_accuracy, left_behind, meet_in_pairs
 
 import tfbarrier
 from tfbarrier.errors import TrialsFailedError
@@ -39,7 +39,7 @@ def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search
     assert search.best_params == {"learning_rate": trials["learning_rate"][search.best_trial]}
     assert search.best.history["val_accuracy"][-1] == trials["val_accuracy"].max()
     assert held_out_accuracy(search.best_model, digits[1]) >= 0.9
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_a_trial_whose_build_model_raises_is_recorded_and_the_others_run(spark, digits_df, capsys, tmp_path):
@@ -87,7 +87,7 @@ def test_a_trial_whose_worker_is_killed_is_recorded_and_the_others_run(digits_df
     assert list(trials["status"]) == ["ok", "failed", "ok"]
     assert trials["error"][1].startswith("WorkerError") and "killed by signal SIGKILL" in trials["error"][1]
     assert search.best_trial in (0, 2)
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def hang_the_trial_with_learning_rate(rate):
@@ -130,7 +130,7 @@ def test_one_trial_at_a_time_of_model_functions_a_trial_past_its_timeout_fails_a
     assert trials["error"][0].startswith("JobTimeoutError") and "timeout of 30 s" in trials["error"][0]
     assert trials["finished_at"][0] <= trials["started_at"][1]  # max_concurrent=1: the second waited
     assert search.best_trial == 1 and search.best.model.optimizer.learning_rate.numpy() == pytest.approx(0.01)
-    assert training_processes() == []
+    assert left_behind() == []
 
 
 def test_when_every_trial_fails_tune_raises_with_each_error(digits_df):
