@@ -119,15 +119,23 @@ def write_weights(variables, path=None):
     return digest.hexdigest()
 
 
+def _rows_per_slice(shape, dtype):
+    """Rows of its first dimension in a slice of at most WEIGHTS_CHUNK bytes of a weight of ``shape``
+    and ``dtype``; None when the weight fits in one."""
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    if not shape or shape[0] * row_bytes <= WEIGHTS_CHUNK:
+        return None
+    return max(1, WEIGHTS_CHUNK // max(1, row_bytes))
+
+
 def _values_in_slices(variable):
     """``variable``'s values as arrays of at most WEIGHTS_CHUNK bytes (rows of its first dimension), so
     that a large weight is not copied whole beside what TensorFlow's allocator already holds."""
     shape = [int(d) for d in variable.shape]
-    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(_dtype_name(variable)).itemsize
-    if not shape or shape[0] * row_bytes <= WEIGHTS_CHUNK:
+    rows = _rows_per_slice(shape, np.dtype(_dtype_name(variable)))
+    if rows is None:
         yield variable.numpy()
         return
-    rows = max(1, WEIGHTS_CHUNK // max(1, row_bytes))
     for first in range(0, shape[0], rows):
         yield np.asarray(variable[first:first + rows])
 
@@ -162,13 +170,12 @@ def read_weights(path, variables, writable=lambda variable: [variable]):
 
 def _assign_in_slices(variable, f, shape, dtype):
     """Read ``variable``'s values from ``f`` and assign them, at most WEIGHTS_CHUNK bytes at a time."""
-    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-    if not shape or shape[0] * row_bytes <= WEIGHTS_CHUNK:
+    rows = _rows_per_slice(shape, dtype)
+    if rows is None:
         values = np.empty(shape, dtype)
         f.readinto(memoryview(values).cast("B"))
         variable.assign(values)
         return
-    rows = max(1, WEIGHTS_CHUNK // max(1, row_bytes))
     for first in range(0, shape[0], rows):
         values = np.empty((min(rows, shape[0] - first), *shape[1:]), dtype)
         f.readinto(memoryview(values).cast("B"))
