@@ -8,6 +8,7 @@ training processes.
 
 from . import errors, tf_banners
 from .api import FitResult, apply, fit, run
+from .attach import attach, attached_session, detach
 from .environment import PythonEnv
 from .frames import spark_frame
 from .inference import predict
@@ -16,5 +17,5 @@ from .tuning import TuneResult, tune
 tf_banners.install()
 
 __version__ = "0.1.0"
-__all__ = ["FitResult", "PythonEnv", "TuneResult", "apply", "errors", "fit", "predict", "run", "spark_frame", "tune",
-           "__version__"]
+__all__ = ["FitResult", "PythonEnv", "TuneResult", "apply", "attach", "attached_session", "detach", "errors", "fit",
+           "predict", "run", "spark_frame", "tune", "__version__"]

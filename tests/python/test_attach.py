@@ -1,0 +1,104 @@
+"""Attaching to a Spark driver JVM another process started (tfbarrier.attach, what R's face does with
+sparklyr's): the stand-in owner (support/jvm_owner.py) starts Spark and Spark's Py4JServer; a driver
+program of its own (support/attached_driver.py: this test session has a SparkContext already) attaches,
+trains on the owner's view and scores into a view the owner reads. The owner's SparkContext runs on."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import left_behind
+from support.standalone import StandaloneCluster
+
+from tfbarrier.attach import check_versions
+from tfbarrier.errors import ClusterError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Owner:
+    """support/jvm_owner.py running: ``ready`` is its READY line, ``ask(command)`` its answer."""
+
+    def __init__(self, master=None):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "support", "jvm_owner.py"),
+                                      *([master] if master else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=HERE, env=env)
+        self.ready = json.loads(self._line("READY "))
+
+    def _line(self, prefix):
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):]
+        raise AssertionError(f"the owner exited with {self.proc.wait()} before printing {prefix!r}")
+
+    def ask(self, **command):
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._line("ANSWER "))
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(60)
+
+
+def attached_run(owner, tmp_path):
+    """Run support/attached_driver.py against ``owner`` (the secret goes on its stdin): (what it saw, what
+    the owner read of its view ``scored`` while it waited)."""
+    given = dict(owner.ready, ancestors_file=str(tmp_path / "ancestors.json"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "support", "attached_driver.py")], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE, env=env)
+    proc.stdin.write(json.dumps(given) + "\n")
+    proc.stdin.flush()
+    scored = None
+    for line in proc.stdout:
+        if line.startswith("SCORED"):
+            scored = owner.ask(view="scored")
+            proc.stdin.write("go on\n")
+            proc.stdin.flush()
+            break
+    out, err = proc.communicate(timeout=600)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert scored and lines and proc.returncode == 0, err[-4000:]
+    assert owner.ready["secret"] not in out + err  # no log line carries it
+    return json.loads(lines[0][7:]), scored
+
+
+@pytest.mark.parametrize("where", ["local", "standalone"])
+def test_an_attached_process_trains_and_scores_in_the_owners_application_and_leaves_it_running(where, tmp_path):
+    cluster = StandaloneCluster(workers=2) if where == "standalone" else None
+    try:
+        if cluster:
+            cluster.__enter__()
+        owner = Owner(cluster.url if cluster else None)
+        try:
+            seen, scored = attached_run(owner, tmp_path)
+            assert seen["app_id"] == owner.ready["app_id"]  # one application: the owner's
+            assert seen["master"] == owner.ready["master"]
+            assert not seen["secret_in_environ"]
+            assert seen["fit"] == {"rows": owner.ask(view="digits")["rows"], "epochs": 2}
+            # the attached process's predictions, read by the owner
+            assert scored["rows"] == 300 and scored["columns"] == ["pixels", "digit", "prediction"]
+            assert all(0 <= value <= 9 for value in scored["first"])
+            assert seen["same_session_again"] and seen["after_stop"] and seen["reattached_rows"] > 0
+            assert owner.ask(alive=True) == {"alive": True}  # stop() on the attached session only detached
+            if cluster:  # the training processes ran under the owner application's executors
+                assert any(f"--app-id {owner.ready['app_id']}" in line for line in seen["training_ancestors"])
+        finally:
+            owner.close()
+    finally:
+        if cluster:
+            cluster.__exit__()
+    assert left_behind() == []
+
+
+def test_a_pyspark_of_another_release_than_the_jvm_is_refused_with_both_versions_and_the_fix():
+    check_versions("4.3.0", "4.3.1")  # patch releases speak the same protocol
+    with pytest.raises(ClusterError, match=r"runs Spark 3\.5\.9, but this Python .* has pyspark 4\.3\.0.*"
+                                           r"pyspark==3\.5\.\*.*spark_version = \"3\.5\""):
+        check_versions("3.5.9", "4.3.0")
