@@ -137,7 +137,10 @@ as_column_names <- function(names) {
   if (length(names) == 1) names else as.list(names)
 }
 
+# A tbl_spark of a classic sparklyr connection is read in that connection's own application (sparklyr.R);
+# other R data goes into `spark`, by default the session of tf_spark_connect().
 as_spark_dataframe <- function(sdf, spark) {
   if (inherits(sdf, "python.builtin.object")) return(sdf)
+  if (inherits(sdf, "tbl_spark") && !inherits(sdf, "tbl_pyspark")) return(tbl_spark_dataframe(spark, sdf))
   tf_spark_dataframe(if (is.null(spark)) tf_spark_connect() else spark, sdf)
 }

@@ -2,9 +2,11 @@
 #'
 #' A `pyspark` `SparkSession` through reticulate, set up so that the Python processes Spark starts
 #' (executors' Python workers, training processes) run tfbarrier's interpreter with its own
-#' libpython. Pass your own session to the other functions instead if you have one.
+#' libpython. Pass your own session to the other functions instead if you have one. sparklyr users
+#' need none of this: a `tbl_spark` trains in its own connection's application (see [tf_spark_session()]).
 #'
-#' @param master Spark master URL, e.g. `"local[2]"` or `"spark://host:7077"`.
+#' @param master Spark master URL, e.g. `"local[2]"` or `"spark://host:7077"`; or a sparklyr connection,
+#'   whose own application's session is returned ([tf_spark_session()]): no second application.
 #' @param config Named list of further Spark settings.
 #' @param app_name Application name.
 #' @param remote A Spark Connect URL (`"sc://host:15002"`), or `"local[N]"` for a local Connect server
@@ -13,6 +15,7 @@
 #' @return A `pyspark.sql.SparkSession` (a Python object).
 #' @export
 tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "tfbarrier", remote = NULL) {
+  if (inherits(master, "spark_connection")) return(tf_spark_session(master))
   python <- reticulate::py_config()$python
   if (!is.null(remote)) master <- remote
   local <- master == "local" || startsWith(master, "local[")
@@ -59,10 +62,15 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
 #' @param options A named list of the data source's options for a path, e.g.
 #'   `list(pathGlobFilter = "*.png")`.
 #' @section sparklyr: A `tbl_spark` of a Python-backed connection (pysparklyr: Spark Connect,
-#'   Databricks) is a pyspark DataFrame underneath and is used as it is. Any other `tbl_spark` lives in
-#'   sparklyr's own JVM, not in the one tfbarrier's pyspark drives. It crosses over through Parquet: sparklyr writes it to `getOption("tfbarrier.exchange_dir")`
-#'   (default: a new directory under [tempdir()]), which both sides must see (any local path in local
-#'   mode; a shared file system such as HDFS or S3 on a cluster), and pyspark reads it from there.
+#'   Databricks) is a pyspark DataFrame underneath and is used as it is. A `tbl_spark` of a classic
+#'   connection is registered as a temporary view in its own connection and read there by
+#'   tfbarrier's Python, attached to that connection's driver ([tf_spark_session()]): no files, no
+#'   second application. Only where attaching cannot work (a Livy connection), or when `spark` is
+#'   another application's session, does it cross over through Parquet: sparklyr writes it to
+#'   `getOption("tfbarrier.exchange_dir")` (default: a new directory under [tempdir()]), which both
+#'   sides must see (any local path in local mode; a shared file system such as HDFS or S3 on a
+#'   cluster), and pyspark reads it from there; predictions come back the same way, their Spark ML
+#'   vector columns as arrays.
 #' @return A `pyspark.sql.DataFrame`.
 #' @export
 tf_spark_dataframe <- function(spark, data, format = "parquet", options = list()) {
@@ -108,32 +116,6 @@ column_array <- function(name, values) {
   }
   reticulate::np_array(values)
 }
-
-tbl_spark_dataframe <- function(spark, tbl) {
-  if (!requireNamespace("sparklyr", quietly = TRUE)) {
-    tf_abort("a tbl_spark needs the sparklyr package", "InvalidArgumentError")
-  }
-  path <- file.path(exchange_dir(), basename(tempfile("tbl-")))
-  sparklyr::spark_write_parquet(tbl, path, mode = "overwrite")
-  tf_call(spark$read$parquet(path))
-}
-
-# The way back: a pyspark DataFrame into the sparklyr connection of `tbl`. A Python-backed connection
-# (pysparklyr) shares pyspark's session, through a temporary view; any other reads it from Parquet in
-# the exchange directory.
-back_to_sparklyr <- function(sdf, tbl) {
-  sc <- sparklyr::spark_connection(tbl)
-  name <- basename(tempfile("tfbarrier_"))
-  if (inherits(tbl, "tbl_pyspark")) {
-    tf_call(sdf$createOrReplaceTempView(name))
-    return(dplyr::tbl(sc, name))
-  }
-  path <- file.path(exchange_dir(), name)
-  tf_call(sdf$write$mode("overwrite")$parquet(path))
-  sparklyr::spark_read_parquet(sc, name = name, path = path, memory = FALSE)
-}
-
-exchange_dir <- function() getOption("tfbarrier.exchange_dir", tempfile("tfbarrier-exchange-"))
 
 #' Bring a Spark DataFrame into R
 #'

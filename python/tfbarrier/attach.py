@@ -13,6 +13,8 @@ cannot stop the JVM's SparkContext: ``stop()`` on it (or on its session) only de
 """
 
 import os
+import secrets
+import subprocess
 import sys
 import threading
 
@@ -124,7 +126,7 @@ def _executor_python(conf, master, python):
         "tf_spark_config(python = ...))), or pass python= to attach()")
 
 
-def _build(gateway, jvm_session, python):
+def _build(gateway, jvm_session, python, embedded):
     from pyspark import SparkConf
 
     context_class, session_class = _attached_classes()
@@ -133,7 +135,41 @@ def _build(gateway, jvm_session, python):
     conf = SparkConf(_jconf=jvm_context.getConf())  # a copy: pyspark's defaults do not reach the JVM's
     context = context_class(gateway=gateway, jsc=jsc, conf=conf)
     context.pythonExec = _executor_python(context.getConf(), context.master, python)
+    if embedded:
+        _attached["accumulator_server"] = _accumulators_in_process(context)
     return session_class(context, jsparkSession=jvm_session)  # the other program's views are its views
+
+
+# A process of its own answering the JVM's accumulator updates, with pyspark's own server: it reads its
+# secret on stdin, prints its port, and exits when stdin closes (its parent is gone or detached). Its
+# stderr is dropped: pyspark's server prints a traceback each time the JVM closes its connection.
+_ACCUMULATOR_SERVER = """
+import sys
+from pyspark import accumulators
+secret = sys.stdin.readline().strip()
+try:
+    server = accumulators._start_update_server(secret, False)
+except TypeError:  # pyspark 3.5: no Unix socket parameters
+    server = accumulators._start_update_server(secret)
+print(server.server_address[1], flush=True)
+sys.stdin.read()
+"""
+
+
+def _accumulators_in_process(context):
+    """Point the JVM's Python accumulator at a server in a process of its own. The driver's JVM reports
+    every Python task's end to that server and waits for its answer, from its scheduler's one thread;
+    R runs Python's threads only while it calls into Python, so an R session busy elsewhere (collecting
+    through sparklyr) would hold every job there. Python accumulators are not summed on such a session."""
+    secret = secrets.token_hex(32)
+    server = subprocess.Popen([sys.executable, "-c", _ACCUMULATOR_SERVER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+    server.stdin.write(secret + "\n")
+    server.stdin.flush()
+    port = int(server.stdout.readline())
+    context._javaAccumulator = context._jvm.PythonAccumulatorV2("localhost", port, secret)
+    context._jsc.sc().register(context._javaAccumulator)
+    return server
 
 
 def _in_helper_thread(function, *args):
@@ -155,7 +191,7 @@ def _in_helper_thread(function, *args):
     return outcome["value"]
 
 
-def attach(port, secret, *, pin_thread=True, python=None):
+def attach(port, secret, *, pin_thread=True, python=None, embedded=False):
     """Attach to the Spark driver JVM whose ``org.apache.spark.api.python.Py4JServer`` listens on the
     loopback at ``port`` with ``secret``, and return a pyspark SparkSession of its running application
     (its default session: the other program's temporary views are visible, and yours to it).
@@ -172,6 +208,11 @@ def attach(port, secret, *, pin_thread=True, python=None):
         The interpreter Spark's Python workers run for this process's jobs. Default: the application's
         spark.pyspark.python (or spark.executorEnv.PYSPARK_PYTHON, or PYSPARK_PYTHON); in local mode,
         this interpreter.
+    embedded : bool
+        True when this Python is embedded in a program that runs its threads only while it calls into
+        Python (R's reticulate): the JVM's accumulator updates are then answered by a process of its own
+        (a JVM waiting on a thread that does not run would hold every job), and Python accumulators are
+        not available on the session.
 
     The JVM's Spark must be of this pyspark's release (major.minor), else a ClusterError naming both.
     Attaching again to the same live server returns the same session; a process attached to a JVM that
@@ -190,9 +231,10 @@ def attach(port, secret, *, pin_thread=True, python=None):
     try:
         jvm_session = _running_session(gateway, port)
         check_versions(jvm_session.version(), _pyspark_version())
-        session = _in_helper_thread(_build, gateway, jvm_session, python)
+        session = _in_helper_thread(_build, gateway, jvm_session, python, embedded)
     except BaseException:
         _forget_pyspark_state()
+        _stop_accumulator_server()
         gateway.close()
         raise
     _attached.update(gateway=gateway, port=port, session=session)
@@ -212,6 +254,12 @@ def _refuse_own_context():
 def attached_session():
     """The session of the attachment, or None when this process is not attached."""
     return _attached.get("session")
+
+
+def is_attached(spark):
+    """True for a session of a JVM this process attached to: another program computes its frames, maybe
+    when this process is not running Python (R, busy in sparklyr) or is gone."""
+    return isinstance(spark, _Attached)
 
 
 def _forget_pyspark_state():
@@ -242,6 +290,14 @@ def detach():
     if not _attached:
         return
     gateway = _attached["gateway"]
-    _attached.clear()
     _forget_pyspark_state()
+    _stop_accumulator_server()
+    _attached.clear()
     gateway.close()
+
+
+def _stop_accumulator_server():
+    server = _attached.pop("accumulator_server", None)
+    if server is not None:
+        server.stdin.close()
+        server.wait(10)

@@ -53,3 +53,15 @@ def frame_columns(df):
     ``{name: values}`` in column order: what R's tf_collect() turns into a data.frame."""
     table = df.toArrow()
     return {name: _numpy_column(table.column(name)) for name in table.column_names}
+
+
+def vectors_as_arrays(df):
+    """``df`` with its Spark ML vector columns as arrays of doubles (``vector_to_array``), other columns as
+    they are: what crosses R's exchange directory (Spark 4.3 fails an Arrow UDF, such as predict's, over a
+    vector column its vectorized Parquet reader read: UNSUPPORTED_DATATYPE UDT)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+
+    return df.select(*[vector_to_array(F.col(field.name)).alias(field.name) if isinstance(field.dataType, VectorUDT)
+                       else F.col(field.name) for field in df.schema.fields])

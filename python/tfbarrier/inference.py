@@ -5,8 +5,9 @@ long as it runs (transfer.session_server): each executor host fetches the file o
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
 worker rebuilds the model once (cached across batches and tasks), then scores each Arrow batch in
 slices of ``batch_size`` rows. Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``,
-or it cannot listen on its address) or Spark encrypts its traffic (the link does not), the weights go
-in a Spark broadcast. The scoring function is an iterator Arrow UDF: only the feature columns go to
+or it cannot listen on its address), Spark encrypts its traffic (the link does not), or the session is
+attached to another program's JVM (attach.py: that program computes the predictions, maybe while this
+process runs no Python, or after it is gone), the weights go in a Spark broadcast. The scoring function is an iterator Arrow UDF: only the feature columns go to
 Python and only the prediction comes back (``mapInArrow`` would ship every input column both ways).
 TensorFlow is imported on the executors only inside the scoring function.
 
@@ -25,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import checks, cluster, driver_link, shards, transfer
+from .attach import is_attached
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
 from .features import check_width
 from .features import layout as features_layout
@@ -120,7 +122,7 @@ def _scoring_model(spark, model):
         write_weights(model.weights, path)
 
     source = None
-    if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark):  # else: inside Spark
+    if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark) and not is_attached(spark):
         try:
             files, server = transfer.session_server(cluster.driver_host(spark))
             source = {"endpoint": server.endpoint, "payload": files.add_file("scoring.safetensors", write)}

@@ -5,8 +5,11 @@ trains on the owner's view and scores into a view the owner reads. The owner's S
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import left_behind
@@ -28,11 +31,15 @@ class Owner:
                                      text=True, cwd=HERE, env=env)
         self.ready = json.loads(self._line("READY "))
 
-    def _line(self, prefix):
-        for line in self.proc.stdout:
+    def _line(self, prefix, seconds=120):
+        deadline = time.monotonic() + seconds
+        while select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"the owner exited with {self.proc.wait()} before printing {prefix!r}")
             if line.startswith(prefix):
                 return line[len(prefix):]
-        raise AssertionError(f"the owner exited with {self.proc.wait()} before printing {prefix!r}")
+        raise AssertionError(f"the owner printed no {prefix!r} within {seconds} s")
 
     def ask(self, **command):
         self.proc.stdin.write(json.dumps(command) + "\n")
@@ -46,10 +53,11 @@ class Owner:
             self.proc.wait(60)
 
 
-def attached_run(owner, tmp_path):
+def attached_run(owner, tmp_path, embedded):
     """Run support/attached_driver.py against ``owner`` (the secret goes on its stdin): (what it saw, what
-    the owner read of its view ``scored`` while it waited)."""
-    given = dict(owner.ready, ancestors_file=str(tmp_path / "ancestors.json"))
+    the owner read of its view ``scored`` while it waited; ``embedded``: while it was stopped, as an R
+    session busy in sparklyr runs no Python)."""
+    given = dict(owner.ready, ancestors_file=str(tmp_path / "ancestors.json"), embedded=embedded)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen([sys.executable, os.path.join(HERE, "support", "attached_driver.py")], text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE, env=env)
@@ -58,7 +66,12 @@ def attached_run(owner, tmp_path):
     scored = None
     for line in proc.stdout:
         if line.startswith("SCORED"):
-            scored = owner.ask(view="scored")
+            if embedded:
+                proc.send_signal(signal.SIGSTOP)
+            try:
+                scored = owner.ask(view="scored")
+            finally:
+                proc.send_signal(signal.SIGCONT)
             proc.stdin.write("go on\n")
             proc.stdin.flush()
             break
@@ -77,7 +90,7 @@ def test_an_attached_process_trains_and_scores_in_the_owners_application_and_lea
             cluster.__enter__()
         owner = Owner(cluster.url if cluster else None)
         try:
-            seen, scored = attached_run(owner, tmp_path)
+            seen, scored = attached_run(owner, tmp_path, embedded=where == "local")
             assert seen["app_id"] == owner.ready["app_id"]  # one application: the owner's
             assert seen["master"] == owner.ready["master"]
             assert not seen["secret_in_environ"]

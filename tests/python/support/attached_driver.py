@@ -1,7 +1,8 @@
 """Attaches to the driver JVM of support/jvm_owner.py (its port and secret come on stdin, as JSON:
 never in the environment) and trains on its view ``digits``, scores the held-out rows back into its
-view ``scored`` (and waits for a line on stdin while the owner reads it: the predictions are lazy and
-their model is served by this process), attaches again, stops the attached session (which only detaches) and attaches anew.
+view ``scored`` (and waits for a line on stdin while the owner reads it: the predictions are lazy, and
+with ``embedded`` the test stops this process meanwhile, as R runs no Python while it collects through
+sparklyr), attaches again, stops the attached session (which only detaches) and attaches anew.
 Prints one JSON line: what it saw."""
 
 import json
@@ -15,7 +16,7 @@ import tfbarrier
 
 given = json.loads(sys.stdin.readline())
 outcome = {"secret_in_environ": any(given["secret"] in value for value in os.environ.values())}
-spark = tfbarrier.attach(given["port"], given["secret"], pin_thread=given["pin_thread"])
+spark = tfbarrier.attach(given["port"], given["secret"], pin_thread=given["pin_thread"], embedded=given["embedded"])
 outcome["app_id"] = spark.sparkContext.applicationId
 outcome["master"] = spark.sparkContext.master
 outcome["executor_python"] = spark.sparkContext.pythonExec
