@@ -19,8 +19,13 @@ RPY2_STAMP := $(VENV)/.rpy2
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TFBARRIER_PYTHON := $(abspath $(PY))
+# Spark releases the core is tested on besides .venv's (test-spark-versions); their Pythons, and .venv's,
+# for the tests that attach one release's pyspark to another's JVM.
+SPARK_VERSIONS := 3.5 4.0
+VERSION_VENVS := $(foreach v,$(SPARK_VERSIONS),build/venv-spark$(v)/.installed)
+export TFBARRIER_SPARK_PYTHONS := $(abspath $(PY)) $(foreach v,$(SPARK_VERSIONS),$(abspath build/venv-spark$(v)/bin/python))
 
-.PHONY: demo demo-python demo-r test test-python test-r r-build r-install r-deps bench venv system-deps clean
+.PHONY: demo demo-python demo-r test test-python test-spark-versions test-r r-build r-install r-deps bench venv system-deps clean
 
 demo: demo-python demo-r
 
@@ -31,12 +36,29 @@ demo-python: venv
 demo-r: r-install
 	Rscript inst/examples/digits_cnn.R
 
-test: test-python test-r
+test: test-python test-spark-versions test-r
 
 # Two pytest-xdist workers, a test file each at a time (module fixtures share their clusters): much of a
 # test's time is a JVM or TensorFlow starting, or a fault's timeout running out, which the other fills.
-test-python: venv
+test-python: venv $(VERSION_VENVS)
 	$(PY) -m pytest -n 2 --dist loadfile tests/python
+
+# The core subset (tests marked `versions`: fit, predict, tune, a failure, attach) on each older Spark
+# release the core supports, each in a venv of its own: that release's pyspark, then .venv's packages
+# (TensorFlow and the rest) through a .pth line, so only pyspark is installed again.
+test-spark-versions: $(VERSION_VENVS)
+	@for v in $(SPARK_VERSIONS); do \
+	  echo "== the core subset on pyspark $$v"; \
+	  build/venv-spark$$v/bin/python -m pytest -q -m versions -p no:cacheprovider tests/python || exit 1; \
+	done
+
+build/venv-spark%/.installed: $(STAMP)
+	rm -rf build/venv-spark$* && $(PYTHON) -m venv build/venv-spark$*
+	build/venv-spark$*/bin/pip install -q --disable-pip-version-check --no-deps "pyspark==$*.*"
+	echo "import site; site.addsitedir('$(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+	  > "$$(build/venv-spark$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_tfbarrier_venv.pth"
+	build/venv-spark$*/bin/python -c "import pyspark, tfbarrier, tensorflow; assert pyspark.__version__.startswith('$*.')"
+	touch $@
 
 # R CMD check runs tests/testthat (real Spark and TensorFlow through reticulate) and the vignette's code
 # (R CMD build already knitted it). sparklyr and keras3 (Suggests) are not installable here.

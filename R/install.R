@@ -10,9 +10,14 @@
 #' @param gpu Install the full `tensorflow` build (GPU-capable) instead of `tensorflow-cpu`.
 #' @param extra_packages More pip requirements for the same environment (e.g. `"rpy2==3.6.6"` for
 #'   [spark_tf_apply()]).
+#' @param spark_version The Spark release of the cluster you connect to (`"3.5"`, `"4.0"`, `"4.1"`...):
+#'   its `pyspark` is installed, since tfbarrier's Python attaches to a sparklyr connection's driver only
+#'   with a `pyspark` of the same release (see [tf_spark_session()]). `NULL`: the newest `pyspark`.
 #' @return The path of the environment's Python, invisibly.
 #' @export
-install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FALSE, extra_packages = NULL) {
+install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FALSE, extra_packages = NULL,
+                              spark_version = NULL) {
+  pyspark <- pyspark_requirement(spark_version)
   sources <- system.file("python", package = "tfbarrier")
   if (!file.exists(file.path(sources, "pyproject.toml"))) {
     stop("this installation of tfbarrier carries no Python sources (inst/python); ",
@@ -26,13 +31,25 @@ install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FA
     reticulate::virtualenv_create(envname, python = python, packages = constraints[1])
   }
   tensorflow <- if (gpu) "tensorflow==2.21.*" else "tensorflow-cpu==2.21.*"
-  reticulate::virtualenv_install(envname, c(constraints, tensorflow, sources, extra_packages),
+  reticulate::virtualenv_install(envname, c(constraints, pyspark, tensorflow, sources, extra_packages),
                                  ignore_installed = FALSE)
   # tf-keras requires the full `tensorflow` wheel by name: next to tensorflow-cpu it goes in alone.
   reticulate::virtualenv_install(envname, "tf-keras==2.21.*", pip_options = "--no-deps")
   python <- reticulate::virtualenv_python(envname)
   message("tfbarrier's Python is ready: ", python, "\nRestart R to use it.")
   invisible(python)
+}
+
+# "pyspark==3.5.*" for spark_version "3.5" (NULL: none, the newest that tfbarrier allows); refuses what
+# tfbarrier does not support.
+pyspark_requirement <- function(spark_version) {
+  if (is.null(spark_version)) return(NULL)
+  parts <- suppressWarnings(as.integer(strsplit(as.character(spark_version), ".", fixed = TRUE)[[1]]))
+  if (length(parts) < 2 || anyNA(parts) || parts[1] < 3 || (parts[1] == 3 && parts[2] < 5) || parts[1] > 4) {
+    tf_abort(paste0("spark_version must be a Spark release tfbarrier supports, 3.5 to 4.x, such as \"3.5\" or ",
+                    "\"4.0\"; got ", deparse(spark_version)), "InvalidArgumentError")
+  }
+  sprintf("pyspark==%d.%d.*", parts[1], parts[2])
 }
 
 #' The Python environment of the training processes on the executors

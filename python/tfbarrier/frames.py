@@ -28,7 +28,25 @@ def spark_frame(spark, columns):
     lengths = {name: len(array) for name, array in arrays.items()}
     if len(set(lengths.values())) > 1:
         raise ColumnError(f"columns have different numbers of rows: {lengths}")
-    return spark.createDataFrame(pa.table(arrays))
+    return _from_arrow(spark, pa.table(arrays))
+
+
+def _from_arrow(spark, table):
+    """A Spark DataFrame of an Arrow table: as it is on pyspark 4, through pandas with Arrow on pyspark
+    3.5 (which takes no Arrow table)."""
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return spark.createDataFrame(table)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    key = "spark.sql.execution.arrow.pyspark.enabled"
+    before = spark.conf.get(key, "false")
+    spark.conf.set(key, "true")
+    try:
+        return spark.createDataFrame(table.to_pandas(), schema=from_arrow_schema(table.schema))
+    finally:
+        spark.conf.set(key, before)
 
 
 def _numpy_column(column):

@@ -233,15 +233,15 @@ def _image_outputs(model, rows, input_shape, batch_size, offset):
 
 
 def _scorer(scoring, layout, input_shape, output, transform, batch_size):
-    """An iterator-of-Arrow-arrays function: struct of the feature columns in, the prediction out."""
+    """A function of one partition's Arrow record batches of the feature columns to its predictions, one
+    Arrow array per batch."""
 
-    def score(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:  # pyspark reads the UDF kind from hints
+    def score(batches):
         model = None
         offset = 0  # rows of this partition scored so far
-        for struct in structs:
+        for batch in batches:
             if model is None:
                 model = _load(scoring)
-            batch = pa.RecordBatch.from_struct_array(struct)
             if layout.images:
                 rows = layout.x(batch).to_numpy(zero_copy_only=False)
                 raw = _image_outputs(model, rows, input_shape, batch_size, offset)
@@ -258,6 +258,28 @@ def _scorer(scoring, layout, input_shape, output, transform, batch_size):
                 yield flat.cast(pa.list_(pa.float32()))
 
     return score
+
+
+def _scoring_udf(score, return_type):
+    """``score`` as a Spark UDF of the features' struct column: an iterator Arrow UDF (pyspark 4.1 and
+    later), else an iterator pandas UDF whose frames become Arrow record batches (pyspark 3.5 and 4.0)."""
+    try:
+        from pyspark.sql.pandas.functions import arrow_udf
+    except ImportError:
+        arrow_udf = None
+    if arrow_udf is not None:
+        def arrow_scores(structs: Iterator[pa.Array]) -> Iterator[pa.Array]:  # pyspark reads the kind from hints
+            return score(pa.RecordBatch.from_struct_array(struct) for struct in structs)
+
+        return arrow_udf(arrow_scores, return_type)
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    def pandas_scores(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
+        for scores in score(pa.RecordBatch.from_pandas(frame, preserve_index=False) for frame in frames):
+            yield scores.to_pandas()
+
+    return pandas_udf(pandas_scores, return_type)
 
 
 def predict(data, model, *, features, output_col="prediction", batch_size=1024, output="class", layer=-2):
@@ -302,8 +324,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     transform = _output_transform(model, output)
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.functions import arrow_udf
 
     score = _scorer(_scoring_model(data.sparkSession, model), layout, input_shape, output, transform, batch_size)
-    udf = arrow_udf(score, "long" if output == "class" else "array<float>")
+    udf = _scoring_udf(score, "long" if output == "class" else "array<float>")
     return data.withColumn(output_col, udf(F.struct(*layout.feature_projection(data.sparkSession))))

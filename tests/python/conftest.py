@@ -178,7 +178,7 @@ def digits_frames():
     x, y = load_digits(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(y))
     x, y = (x[order] / 16.0), y[order].astype("int64")
-    frame = pd.DataFrame({"pixels": list(x), "digit": y})
+    frame = pd.DataFrame({"pixels": x.tolist(), "digit": y})  # lists: pyspark 3.5 infers no type for ndarray
     return frame.iloc[HELD_OUT:].reset_index(drop=True), frame.iloc[:HELD_OUT].reset_index(drop=True)
 
 

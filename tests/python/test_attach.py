@@ -24,9 +24,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Owner:
     """support/jvm_owner.py running: ``ready`` is its READY line, ``ask(command)`` its answer."""
 
-    def __init__(self, master=None):
+    def __init__(self, master=None, python=sys.executable):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
-        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "support", "jvm_owner.py"),
+        self.proc = subprocess.Popen([python, os.path.join(HERE, "support", "jvm_owner.py"),
                                       *([master] if master else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, cwd=HERE, env=env)
         self.ready = json.loads(self._line("READY "))
@@ -82,7 +82,7 @@ def attached_run(owner, tmp_path, embedded):
     return json.loads(lines[0][7:]), scored
 
 
-@pytest.mark.parametrize("where", ["local", "standalone"])
+@pytest.mark.parametrize("where", [pytest.param("local", marks=pytest.mark.versions), "standalone"])
 def test_an_attached_process_trains_and_scores_in_the_owners_application_and_leaves_it_running(where, tmp_path):
     cluster = StandaloneCluster(workers=2) if where == "standalone" else None
     try:
@@ -108,6 +108,45 @@ def test_an_attached_process_trains_and_scores_in_the_owners_application_and_lea
         if cluster:
             cluster.__exit__()
     assert left_behind() == []
+
+
+def other_release_python():
+    """An interpreter whose pyspark is of another release than this one's, from make's list (.venv's and
+    the older releases' venvs of test-spark-versions)."""
+    import pyspark
+
+    mine = pyspark.__version__.split(".")[:2]
+    for python in os.environ.get("TFBARRIER_SPARK_PYTHONS", "").split():
+        version = subprocess.run([python, "-c", "import pyspark; print(pyspark.__version__)"], capture_output=True,
+                                 text=True).stdout.strip()
+        if version and version.split(".")[:2] != mine:
+            return python, version
+    pytest.fail("no Python with pyspark of another release in TFBARRIER_SPARK_PYTHONS: run through make test")
+
+
+@pytest.mark.versions
+def test_attaching_to_a_jvm_of_another_spark_release_is_refused_naming_both_before_any_job(tmp_path):
+    import pyspark
+
+    python, version = other_release_python()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+    owner = Owner(python=python)
+    try:
+        code = ("import json, sys, tfbarrier\n"
+                "given = json.loads(sys.stdin.readline())\n"
+                "try:\n"
+                "    tfbarrier.attach(given['port'], given['secret'], pin_thread=given['pin_thread'])\n"
+                "except tfbarrier.errors.ClusterError as exc:\n"
+                "    print('REFUSED ' + str(exc))\n")
+        out = subprocess.run([sys.executable, "-c", code], input=json.dumps(owner.ready) + "\n", capture_output=True,
+                             text=True, timeout=300, env=env)
+        refused = [line for line in out.stdout.splitlines() if line.startswith("REFUSED ")]
+        assert refused, out.stderr[-3000:]
+        assert f"runs Spark {version}" in refused[0] and f"has pyspark {pyspark.__version__}" in refused[0]
+        assert owner.ready["secret"] not in out.stdout + out.stderr
+        assert owner.ask(alive=True) == {"alive": True}
+    finally:
+        owner.close()
 
 
 def test_a_pyspark_of_another_release_than_the_jvm_is_refused_with_both_versions_and_the_fix():

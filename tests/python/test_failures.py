@@ -18,6 +18,7 @@ def fit(df, **kwargs):
     return tfbarrier.fit(df, digits_cnn(), **args)
 
 
+@pytest.mark.versions
 def test_a_worker_error_fails_the_fit_fast_with_its_details_and_leaves_nothing_behind(digits_df, tmp_path):
     note = tmp_path / "fault.json"
     with pytest.raises(WorkerError) as failure:

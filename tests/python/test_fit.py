@@ -21,6 +21,7 @@ def two_worker_fit(digits_df, input_model):
                          epochs=4, batch_size=64, num_workers=2, seed=1)
 
 
+@pytest.mark.versions
 def test_two_workers_learn_digits_to_90_percent_held_out(two_worker_fit, digits):
     assert held_out_accuracy(two_worker_fit.model, digits[1]) >= 0.90
 

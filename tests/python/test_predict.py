@@ -39,6 +39,7 @@ def local_outputs(model, frame):
     return logits, probabilities / probabilities.sum(axis=1, keepdims=True)
 
 
+@pytest.mark.versions
 def test_classes_and_probabilities_on_4_partitions_match_local_predict(spark, model, rows):
     df = spark.createDataFrame(rows).repartition(4)
     classes = tfbarrier.predict(df, model, features="pixels", batch_size=64).toPandas().sort_values("row_id")

@@ -24,6 +24,7 @@ def search(spark, digits, tmp_path_factory):
                           verbose=0, callbacks=meet_in_pairs(str(tmp_path_factory.mktemp("meetings")), pairs=1))
 
 
+@pytest.mark.versions
 def test_a_grid_runs_two_trials_at_a_time_on_two_slots_and_keeps_the_best(search, digits):
     trials = search.trials
     assert len(trials) == 3 and list(trials["status"]) == ["ok"] * 3

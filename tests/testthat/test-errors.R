@@ -67,3 +67,11 @@ test_that("whole R numbers reach Python as integers", {
   expect_identical(tfbarrier:::as_int(2.5), 2.5)
   expect_identical(tfbarrier:::as_int("3"), "3")
 })
+
+test_that("install_tfbarrier's spark_version picks that release's pyspark and refuses what is unsupported", {
+  expect_identical(tfbarrier:::pyspark_requirement("3.5"), "pyspark==3.5.*")
+  expect_identical(tfbarrier:::pyspark_requirement("4.0.1"), "pyspark==4.0.*")
+  expect_null(tfbarrier:::pyspark_requirement(NULL))
+  expect_error(tfbarrier:::pyspark_requirement("3.4"), "3.5 to 4.x", class = "InvalidArgumentError")
+  expect_error(tfbarrier:::pyspark_requirement("latest"), "3.5 to 4.x", class = "InvalidArgumentError")
+})
