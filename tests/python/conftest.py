@@ -24,7 +24,7 @@ os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 # `make test` deals the test files out to two pytest-xdist workers (--dist loadfile) in collection order:
 # these, the longest (each starts clusters or servers of its own), go first, so that no worker is left
 # with one of them at the end while the other idles.
-LONGEST_FIRST = ("test_host_faults.py", "test_hosts.py", "test_connect.py", "test_concurrency.py", "test_gpus.py",
+LONGEST_FIRST = ("test_host_faults.py", "test_hosts.py", "test_connect.py", "test_concurrency.py", "test_attach.py", "test_gpus.py",
                  "test_tracking.py", "test_failures.py", "test_memory.py", "test_spares.py", "test_checkpoints.py")
 
 
