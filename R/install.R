@@ -20,8 +20,8 @@ install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FA
   pyspark <- pyspark_requirement(spark_version)
   sources <- system.file("python", package = "tfbarrier")
   if (!file.exists(file.path(sources, "pyproject.toml"))) {
-    stop("this installation of tfbarrier carries no Python sources (inst/python); ",
-         "install the tfbarrier Python package into your environment with pip instead", call. = FALSE)
+    tf_abort(paste0("this installation of tfbarrier carries no Python sources (inst/python); ",
+                    "install the tfbarrier Python package into your environment with pip instead"), "InstallError")
   }
   constraints <- c("numpy<2", "pandas<3", "pyarrow<26")
   if (is.null(python)) python <- unname(Sys.which("python3"))

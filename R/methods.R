@@ -192,7 +192,7 @@ save_model.default <- function(model, filepath, ...) {
 #' @rdname save_model
 #' @export
 tf_save <- function(fit, path) {
-  stopifnot(inherits(fit, "tfbarrier_fit"))
+  check_fit(fit)
   tf_call(fit$python$save(path.expand(path)))
   invisible(path)
 }
@@ -200,7 +200,14 @@ tf_save <- function(fit, path) {
 #' @rdname save_model
 #' @export
 tf_export <- function(fit, path) {
-  stopifnot(inherits(fit, "tfbarrier_fit"))
+  check_fit(fit)
   tf_call(fit$python$export(path.expand(path)))
   invisible(path)
+}
+
+check_fit <- function(fit) {
+  if (!inherits(fit, "tfbarrier_fit")) {
+    tf_abort(paste0("fit must be a tfbarrier_fit (what spark_tf_fit() returns), not ", class(fit)[1]),
+             "InvalidArgumentError")
+  }
 }

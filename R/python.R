@@ -64,9 +64,11 @@ tf_call <- function(expr, call = sys.call(-1)) {
   })
 }
 
+# An R condition of tfbarrier's classes (`classes`, most specific first), always ending in "TfBarrierError",
+# "tfbarrier_error" (as ?spark_tf_fit's Errors section promises), "error", "condition".
 tf_abort <- function(message, classes, call = NULL, ...) {
   condition <- structure(
-    class = c(classes, "tfbarrier_error", "error", "condition"),
+    class = c(unique(c(classes, "TfBarrierError")), "tfbarrier_error", "error", "condition"),
     list(message = message, call = call, ...)
   )
   stop(condition)

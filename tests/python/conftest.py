@@ -33,6 +33,20 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
 
 
+def pytest_terminal_summary(terminalreporter):
+    """The run's 25 slowest test phases into build/test-durations-pyspark<version>.txt (the same as
+    --durations prints, kept after the log scrolls away): where the suite's time goes, run by run."""
+    import pyspark
+
+    phases = [report for reports in terminalreporter.stats.values() for report in reports
+              if getattr(report, "when", None) in ("setup", "call", "teardown") and hasattr(report, "duration")]
+    slowest = sorted(phases, key=lambda report: report.duration, reverse=True)[:25]
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, f"test-durations-pyspark{pyspark.__version__}.txt"), "w") as f:
+        f.writelines(f"{report.duration:8.2f}s {report.when:8} {report.nodeid}\n" for report in slowest)
+
+
 def succeeded(outcomes, name):
     """The outcome of a driver program's scenario ``name`` (``outcomes``: run_driver's), which must have
     raised nothing."""

@@ -75,3 +75,11 @@ test_that("install_tfbarrier's spark_version picks that release's pyspark and re
   expect_error(tfbarrier:::pyspark_requirement("3.4"), "3.5 to 4.x", class = "InvalidArgumentError")
   expect_error(tfbarrier:::pyspark_requirement("latest"), "3.5 to 4.x", class = "InvalidArgumentError")
 })
+
+test_that("errors R raises itself carry the documented classes", {
+  err <- expect_error(tf_save(list(), "m.keras"), "must be a tfbarrier_fit", class = "InvalidArgumentError")
+  expect_s3_class(err, "TfBarrierError")
+  expect_s3_class(err, "tfbarrier_error")
+  err <- expect_error(spark_tf_apply(data.frame(x = 1), "not a function"), class = "InvalidArgumentError")
+  expect_s3_class(err, "TfBarrierError")
+})
