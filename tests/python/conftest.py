@@ -193,6 +193,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 
 def make_spark(master="local[2]", **conf):
+    import pyspark
     from pyspark.sql import SparkSession
 
     builder = (
@@ -202,6 +203,8 @@ def make_spark(master="local[2]", **conf):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
     )
+    if int(pyspark.__version__.split(".")[0]) < 4:  # pyspark 3.5 makes no DataFrame of ndarray rows without Arrow
+        builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -223,7 +226,7 @@ def digits_frames():
     x, y = load_digits(return_X_y=True)
     order = np.random.default_rng(0).permutation(len(y))
     x, y = (x[order] / 16.0), y[order].astype("int64")
-    frame = pd.DataFrame({"pixels": x.tolist(), "digit": y})  # lists: pyspark 3.5 infers no type for ndarray
+    frame = pd.DataFrame({"pixels": list(x), "digit": y})
     return frame.iloc[HELD_OUT:].reset_index(drop=True), frame.iloc[:HELD_OUT].reset_index(drop=True)
 
 
