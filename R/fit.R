@@ -4,7 +4,8 @@
 #' in a TensorFlow process under `MultiWorkerMirroredStrategy` (gradients averaged every step). The
 #' work is done by the Python core, `tfbarrier.fit()`.
 #'
-#' @param sdf The training data: a `pyspark` DataFrame, an R data.frame (converted with
+#' @param sdf The training data: a sparklyr `tbl_spark` (trained in its own connection's application, see
+#'   [tf_spark_session()]), a `pyspark` DataFrame, an R data.frame (converted with
 #'   [tf_spark_dataframe()] in the session of [tf_spark_connect()]), or a Parquet path.
 #' @param model A compiled Keras model built through reticulate or `keras3` (Keras 3 or tf_keras),
 #'   e.g. [tf_keras_cnn_example()].
@@ -77,8 +78,8 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 #' @param spark As in [spark_tf_fit()].
 #' @return Every column of `sdf` plus `output_col` (a number, or an array column for
 #'   `"probabilities"`, `"raw"` and `"features"`): a `pyspark` DataFrame computed lazily; for a `tbl_spark`, a
-#'   `tbl_spark` in the same sparklyr connection (computed when it crosses back, through the exchange
-#'   directory described in [tf_spark_dataframe()]). [tf_collect()] brings either into R.
+#'   `tbl_spark` in the same sparklyr connection, computed lazily there (a temporary view of its own
+#'   application; see [tf_spark_session()]). [tf_collect()] or `dplyr::collect()` brings either into R.
 #' @export
 spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
                              batch_size = 1024L, spark = NULL, layer = NULL) {
