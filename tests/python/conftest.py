@@ -203,7 +203,7 @@ def make_spark(master="local[2]", **conf):
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
     )
-    if int(pyspark.__version__.split(".")[0]) < 4:  # pyspark 3.5 makes no DataFrame of ndarray rows without Arrow
+    if tuple(map(int, pyspark.__version__.split(".")[:2])) < (4, 1):  # no DataFrame of ndarray rows without Arrow
         builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
     for key, value in conf.items():
         builder = builder.config(key, value)

@@ -13,7 +13,7 @@ def test_spares_outlive_python_workers_serve_the_next_fit_and_die_with_spark():
     assert first["warm"] == [False, False]
     assert second["warm"] == [True, True]  # although the Python workers that left them are gone
     assert timed_out["warm"] == [True, True]
-    assert len(timed_out["spares_seen"]) == 2 and timed_out["spares"] == []  # left with a 2 s idle timeout
+    assert len(timed_out["spares_seen"]) == 2 and timed_out["spares"] == []  # left with a 5 s idle timeout
     assert off["warm"] == [False, False]  # spark.tfbarrier.warmStart=false
     assert last["warm"] == [False, False]
     for fit in report["fits"]:

@@ -48,8 +48,8 @@ def fit(spares=2, idle_out=False):
 
 fit()
 fit()
-spark.conf.set("spark.tfbarrier.spareIdleTimeout", "2")
-fit(idle_out=True)  # leaves spares that give up after 2 s
+spark.conf.set("spark.tfbarrier.spareIdleTimeout", "5")
+fit(idle_out=True)  # leaves spares that give up after 5 s (2 s: a loaded machine could miss them in between)
 spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
 spark.conf.set("spark.tfbarrier.warmStart", "false")
 fit(spares=0)
