@@ -117,7 +117,7 @@ def _executor_python(conf, master, python):
               or conf.get("spark.executorEnv.PYSPARK_PYTHON", None) or os.environ.get("PYSPARK_PYTHON"))
     if chosen:
         return chosen
-    if master == "local" or master.startswith("local["):
+    if cluster.is_local_master(master):
         return sys.executable
     raise ClusterError(
         f"the Spark application (master {master}) does not say which Python its executors run, so its Python "

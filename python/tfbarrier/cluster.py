@@ -36,11 +36,15 @@ def master(spark):
     return spark.conf.get("spark.master", "") if is_connect(spark) else _context(spark).master
 
 
-def is_local_mode(spark):
-    """True for ``local``/``local[N]`` masters: one JVM, every slot there from the start ("local-cluster"
+def is_local_master(url):
+    """True for ``local``/``local[N]`` master URLs: one JVM, every slot there from the start ("local-cluster"
     has executors of its own)."""
-    url = master(spark)
     return url == "local" or url.startswith("local[")
+
+
+def is_local_mode(spark):
+    """True for a session of a ``local``/``local[N]`` master (is_local_master)."""
+    return is_local_master(master(spark))
 
 
 def _estimated_slots(spark):
