@@ -198,7 +198,7 @@ def dataframe(spark, x, y, partitions):
     return df
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=workloads.MODELS, default="cnn")
     parser.add_argument("--rounds", type=int, default=3)
@@ -211,16 +211,12 @@ def main():
     parser.add_argument("--data", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.steps = args.steps or {"cnn": 60, "large": 15}[args.model]
-    if args.one_fit:
-        return one_fit(args)
+    return args
 
-    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
-    job = Job(args, data)
-    x, y = workloads.make_data(data, job.steps * job.global_batch)
-    spark = spark_session("local[2]")
-    df = dataframe(spark, x, y, job.workers)
-    fit_timings = []
-    contenders = {
+
+def contenders(args, job, spark, df, fit_timings):
+    """Name -> run of each contender; "tfbarrier.fit" appends its runs' timings to ``fit_timings``."""
+    runs = {
         "single process (limit)": single_process(job),
         "2 processes, no Spark (floor)": hand_started_processes(job),
         "spark-tensorflow-distributor": distributor(job),
@@ -229,33 +225,42 @@ def main():
         "tfbarrier.fit, fp16 gradients": tfbarrier_fit(df, job, communication={"compression": "fp16"}),
     }
     if args.baseline_ref:
-        contenders["tfbarrier.fit, own process"] = tfbarrier_fit_in_own_process(job)
-        contenders[f"tfbarrier.fit @ {args.baseline_ref}, own process"] = tfbarrier_fit_in_own_process(
+        runs["tfbarrier.fit, own process"] = tfbarrier_fit_in_own_process(job)
+        runs[f"tfbarrier.fit @ {args.baseline_ref}, own process"] = tfbarrier_fit_in_own_process(
             job, harness.worktree(args.baseline_ref))
+    return runs
+
+
+def measure_rounds(job, runs, fit_timings, rounds):
+    """A warm-up run of each contender, then ``rounds`` rounds of two runs of each in a row: (name -> its
+    first runs' measures, name -> its second runs', tfbarrier.fit's timings of its second runs)."""
     log = lambda line: print(line, flush=True)  # noqa: E731
-    for name, run in contenders.items():  # warm-up: Spark's Python workers, imports, page cache
+    for name, run in runs.items():  # warm-up: Spark's Python workers, imports, page cache
         log(f"warm-up {name}: {job.measure(run)}")
     warm_timings = []
 
     def twice(name, run):
         """Once after the other contenders ran (over a minute: Spark has retired the idle Python
         workers of this contender's pool), then again at once (its Python workers still up)."""
-        runs = job.measure(run), job.measure(run)
+        measures = job.measure(run), job.measure(run)
         if name == "tfbarrier.fit":
             warm_timings.append(fit_timings[-1])
-        return runs
+        return measures
 
     results = harness.rounds_of({name: (lambda name=name, run=run: twice(name, run))
-                                 for name, run in contenders.items()}, args.rounds, log)
-    after_others = {name: [first for first, _ in runs] for name, runs in results.items()}
-    again = {name: [second for _, second in runs] for name, runs in results.items()}
-    floor = "2 processes, no Spark (floor)"
-    body = (f"## Fit, {args.model} model: time to first step, total, throughput\n\n"
-            f"`PYTHONPATH=build/bench-site .venv/bin/python bench/fit_bench.py --model {args.model} "
+                                 for name, run in runs.items()}, rounds, log)
+    after_others = {name: [first for first, _ in measures] for name, measures in results.items()}
+    again = {name: [second for _, second in measures] for name, measures in results.items()}
+    return after_others, again, warm_timings
+
+
+def setup_text(args, job, images):
+    """The section's first paragraph: the command, the workload, how the rounds run."""
+    return (f"`PYTHONPATH=build/bench-site .venv/bin/python bench/fit_bench.py --model {args.model} "
             f"--rounds {args.rounds}"
             + (f" --baseline-ref {args.baseline_ref}" if args.baseline_ref else "")
             + f"`: {job.workers} workers, per-worker batch {job.batch} (global {job.global_batch}), "
-            f"{job.steps} steps x {job.epochs} epochs on {len(x):,} random 28x28 images; Spark `local[2]` "
+            f"{job.steps} steps x {job.epochs} epochs on {images:,} random 28x28 images; Spark `local[2]` "
             "already up; one warm-up run of each contender first. Each round runs every contender twice in a "
             "row: the first run comes after the other contenders' (over a minute, so Spark has retired the "
             "idle Python workers of its pool, and with them spark-tensorflow-distributor's imported TensorFlow; "
@@ -263,7 +268,13 @@ def main():
             "after the first."
             + (" The two \"own process\" contenders drive tfbarrier.fit from a process with a Spark of its "
                f"own, this tree's and revision {args.baseline_ref}'s: their times include Spark's start-up, "
-               "so compare their throughput." if args.baseline_ref else "")
+               "so compare their throughput." if args.baseline_ref else ""))
+
+
+def report(args, job, images, after_others, again, warm_timings):
+    floor = "2 processes, no Spark (floor)"
+    return (f"## Fit, {args.model} model: time to first step, total, throughput\n\n"
+            + setup_text(args, job, images)
             + "\n\n"
             "Time to first step, right after its own previous run (s, from the call to worker 0's first "
             "finished step):\n\n"
@@ -278,6 +289,22 @@ def main():
             + "\n\ntfbarrier.fit's own timings, right after its previous run (median s): "
             + ", ".join(f"{key} {harness.stats([t[key] for t in warm_timings])[1]:.2f}"
                         for key in warm_timings[0] if all(key in t for t in warm_timings)))
+
+
+def main():
+    args = parse_args()
+    if args.one_fit:
+        return one_fit(args)
+
+    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+    job = Job(args, data)
+    x, y = workloads.make_data(data, job.steps * job.global_batch)
+    spark = spark_session("local[2]")
+    df = dataframe(spark, x, y, job.workers)
+    fit_timings = []
+    runs = contenders(args, job, spark, df, fit_timings)
+    after_others, again, warm_timings = measure_rounds(job, runs, fit_timings, args.rounds)
+    body = report(args, job, len(x), after_others, again, warm_timings)
     harness.write_section(f"fit-{args.model}", body)
     print(body)
     spark.stop()
