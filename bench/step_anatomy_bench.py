@@ -21,6 +21,7 @@ default on 2 cores), and worker 0's milliseconds per step for each part of a ste
 """
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -61,21 +62,46 @@ def per_step_ms(run, steps):
 def worker(kind, steps, rounds, out, parts):
     """One worker process: the ``parts`` (indices into PARTS), ``rounds`` times, in the same order as its
     peers."""
-    import numpy as np
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier import communication, pacing
-    from workloads import INPUT_SHAPE, build_model
+    from workloads import build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    packed = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=PACK)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         model = build_model(tf_keras, kind)
+    x, y = random_batch()
+    runs = collective_parts(strategy, model, x, y) + keras_fit_parts(strategy, kind, x, y)
+    chosen = {PARTS[i]: runs[i]() for i in parts}  # built in the same order on every worker
+    times = {part: [] for part in chosen}
+    for _ in range(rounds):
+        for part, run in chosen.items():
+            times[part].append(per_step_ms(run, steps))
+    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+        with open(out, "w") as f:
+            json.dump(times, f)
+
+
+def random_batch():
+    """One batch of BATCH random images and labels, the same on every worker."""
+    import numpy as np
+    import tensorflow as tf
+
+    from workloads import INPUT_SHAPE
+
     rng = np.random.default_rng(0)
-    x = tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32))
-    y = tf.constant(rng.integers(0, 10, BATCH))
+    return (tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32)),
+            tf.constant(rng.integers(0, 10, BATCH)))
+
+
+def collective_parts(strategy, model, x, y):
+    """PARTS' first five, each a function that builds its run (a tf.function looping ``strategy.run``):
+    compute alone, all-reduces of one float and of the gradients (default and packed), the whole step."""
+    import tensorflow as tf
+    import tf_keras
+
+    packed = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=PACK)
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     variables = model.trainable_variables
 
@@ -104,6 +130,27 @@ def worker(kind, steps, rounds, out, parts):
             tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tensors, options=options)
         return step
 
+    return [lambda: looped(compute), lambda: looped(all_reduce(None, [tf.zeros(())])),
+            lambda: looped(all_reduce(None)), lambda: looped(all_reduce(packed)), lambda: looped(whole)]
+
+
+def keras_fit_parts(strategy, kind, x, y):
+    """PARTS' Keras fits, each a function that builds its run (see keras_fit)."""
+    fit = functools.partial(keras_fit, strategy, kind, x, y)
+    return [lambda: fit(1), lambda: fit(1, "first"), lambda: fit(10), lambda: fit(30), lambda: fit(30, "first"),
+            lambda: fit(30, "first", metrics=False), lambda: fit(30, "first", tfbarrier=True),
+            lambda: fit(30, "first", tfbarrier=True, compression="fp16")]
+
+
+def keras_fit(strategy, kind, x, y, steps_per_execution, reduction="auto", metrics=True, tfbarrier=False,
+              compression="none"):
+    """A run of one Keras fit's epoch on a model of its own: the seconds from the epoch's start to its end."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tfbarrier import communication, pacing
+    from workloads import build_model
+
     class EpochClock(tf_keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             self.began = time.perf_counter()
@@ -111,53 +158,34 @@ def worker(kind, steps, rounds, out, parts):
         def on_epoch_end(self, epoch, logs=None):
             self.seconds = time.perf_counter() - self.began
 
-    def keras_fit(steps_per_execution, reduction="auto", metrics=True, tfbarrier=False, compression="none"):
-        with strategy.scope():  # a model of its own: Keras fixes steps_per_execution when it first traces
-            net = build_model(tf_keras, kind, 1 if tfbarrier else steps_per_execution)
-            if not metrics:  # each step reads its metrics across workers (tf_keras's result_wrapper)
-                net.compile(optimizer=net.optimizer, loss=net.loss, steps_per_execution=steps_per_execution)
-        net.distribute_reduction_method = reduction
-        if tfbarrier:  # what fit_job does: its own looping training function, and the gradients' compression
-            communication.compress_gradients(net, {"compression": compression})
-            pacing.set_count(net, steps_per_execution)
-        data = strategy.distribute_datasets_from_function(
-            lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
+    with strategy.scope():  # a model of its own: Keras fixes steps_per_execution when it first traces
+        net = build_model(tf_keras, kind, 1 if tfbarrier else steps_per_execution)
+        if not metrics:  # each step reads its metrics across workers (tf_keras's result_wrapper)
+            net.compile(optimizer=net.optimizer, loss=net.loss, steps_per_execution=steps_per_execution)
+    net.distribute_reduction_method = reduction
+    if tfbarrier:  # what fit_job does: its own looping training function, and the gradients' compression
+        communication.compress_gradients(net, {"compression": compression})
+        pacing.set_count(net, steps_per_execution)
+    data = strategy.distribute_datasets_from_function(
+        lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
 
-        def run(n):
-            clock = EpochClock()
-            net.fit(data, epochs=1, steps_per_epoch=n, verbose=0, callbacks=[clock])
-            return clock.seconds
-        return run
-
-    runs = [lambda: looped(compute), lambda: looped(all_reduce(None, [tf.zeros(())])),
-            lambda: looped(all_reduce(None)), lambda: looped(all_reduce(packed)), lambda: looped(whole),
-            lambda: keras_fit(1), lambda: keras_fit(1, "first"), lambda: keras_fit(10), lambda: keras_fit(30),
-            lambda: keras_fit(30, "first"), lambda: keras_fit(30, "first", metrics=False),
-            lambda: keras_fit(30, "first", tfbarrier=True),
-            lambda: keras_fit(30, "first", tfbarrier=True, compression="fp16")]
-    chosen = {PARTS[i]: runs[i]() for i in parts}  # built in the same order on every worker
-    times = {part: [] for part in chosen}
-    for _ in range(rounds):
-        for part, run in chosen.items():
-            times[part].append(per_step_ms(run, steps))
-    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
-        with open(out, "w") as f:
-            json.dump(times, f)
+    def run(n):
+        clock = EpochClock()
+        net.fit(data, epochs=1, steps_per_epoch=n, verbose=0, callbacks=[clock])
+        return clock.seconds
+    return run
 
 
 def alone(kind, steps, rounds, out):
     """One process, no strategy: the compute of one worker's step when it has the machine to itself."""
-    import numpy as np
     import tensorflow as tf
     import tf_keras
 
-    from workloads import INPUT_SHAPE, build_model
+    from workloads import build_model
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     model = build_model(tf_keras, kind)
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.random((BATCH, *INPUT_SHAPE), dtype=np.float32))
-    y = tf.constant(rng.integers(0, 10, BATCH))
+    x, y = random_batch()
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
