@@ -1,0 +1,27 @@
+# R arguments as the Python core takes them, and the checks R makes before calling it.
+
+# Whole numbers go to Python as integers (3 -> 3L); anything else goes as it is, for the core to refuse
+# with its own message.
+as_int <- function(x) {
+  if (is.numeric(x) && length(x) == 1 && !is.na(x) && x == round(x)) as.integer(x) else x
+}
+
+as_column_names <- function(names) {
+  if (length(names) == 1) names else as.list(names)
+}
+
+# A tbl_spark of a classic sparklyr connection is read in that connection's own application (sparklyr.R);
+# other R data goes into `spark`, by default the session of tf_spark_connect().
+as_spark_dataframe <- function(sdf, spark) {
+  if (inherits(sdf, "python.builtin.object")) return(sdf)
+  if (inherits(sdf, "tbl_spark") && !inherits(sdf, "tbl_pyspark")) return(tbl_spark_dataframe(spark, sdf))
+  tf_spark_dataframe(if (is.null(spark)) tf_spark_connect() else spark, sdf)
+}
+
+# Refuse anything but a fit (tf_save(), tf_export()).
+check_fit <- function(fit) {
+  if (!inherits(fit, "tfbarrier_fit")) {
+    tf_abort(paste0("fit must be a tfbarrier_fit (what spark_tf_fit() returns), not ", class(fit)[1]),
+             "InvalidArgumentError")
+  }
+}
