@@ -23,6 +23,7 @@ the step loop, and the floor's: one process writing the same weights with tf.tra
 """
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -141,23 +142,14 @@ def jvm_heap(spark):
 
 
 def driver(args):
-    import hashlib
-
     import keras
-    import pandas as pd
     import psutil
-    from pyspark.sql import SparkSession
 
     import tfbarrier
 
-    spark = (SparkSession.builder.master("local[2]").appName("large-model-bench")
-             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    x, y = data()
-    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y})).repartition(2).cache()
-    df.count()
+    spark, df = driver_session()
     model = build(keras, args.model)
-    weights_before = hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights[:2])).hexdigest()
+    weights_before = weights_digest(model)
     jvm = next(c for c in psutil.Process().children(recursive=True) if "java" in c.name())
     read_heap, reset_heap = jvm_heap(spark)
     report = {"model": args.model, "parameters": int(model.count_params()),
@@ -180,36 +172,64 @@ def driver(args):
             result = tfbarrier.fit(df, model, **fit_args)
             seconds = time.time() - started
         _, heap_peak = read_heap()
-        chief = result.workers[0]
-        report["fits"].append({
-            "time_to_first_step": result.timings["time_to_first_step"], "total": seconds,
-            "timings": result.timings, "worker_timings": [w["timings"] for w in result.workers],
-            "training": result.timings["training"], "steps": chief["steps"],
-            "fetch_mb_s": [w["transfer"]["fetched_bytes"] / 2**20 / max(w["transfer"]["fetch_seconds"], 1e-9)
-                           for w in result.workers],
-            "fetch_seconds": [w["transfer"]["fetch_seconds"] for w in result.workers],
-            "send_mb_s": chief["transfer"]["sent_bytes"] / 2**20 / max(chief["transfer"]["send_seconds"], 1e-9),
-            "via": chief["transfer"]["via"], "warm": [w["warm_start"] for w in result.workers],
-            "workers_memory": [w["memory"] for w in result.workers],
-            "driver_before_mb": driver_before, "driver_peak_mb": driver_peak.peak,
-            "jvm_rss_before_mb": jvm_before, "jvm_rss_peak_mb": jvm_peak.peak,
-            "heap_before_mb": heap_before, "heap_peak_mb": heap_peak,
-            "equal_workers": len({w["checksum"] for w in result.workers}) == 1,
-            "weights_changed": hashlib.sha256(b"".join(w.numpy().tobytes() for w in result.model.weights[:2]))
-            .hexdigest() != weights_before,
-            "saves": chief["checkpoint_saves"], "save_seconds": chief["timings"].get("checkpoints"),
-        })
-    if report.get("refused"):
-        with open(args.out, "w") as f:
-            json.dump(report, f)
-        return spark.stop()
+        memory = {"driver_before_mb": driver_before, "driver_peak_mb": driver_peak.peak,
+                  "jvm_rss_before_mb": jvm_before, "jvm_rss_peak_mb": jvm_peak.peak,
+                  "heap_before_mb": heap_before, "heap_peak_mb": heap_peak}
+        report["fits"].append(fit_record(result, seconds, memory, weights_before))
+    if not report.get("refused"):
+        check_trained(report, df, result)
+    with open(args.out, "w") as f:
+        json.dump(report, f)
+    spark.stop()
+
+
+def driver_session():
+    """The driver's SparkSession on local[2] and its cached DataFrame of the ROWS rows, in 2 partitions."""
+    import pandas as pd
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("large-model-bench")
+             .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    x, y = data()
+    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y})).repartition(2).cache()
+    df.count()
+    return spark, df
+
+
+def weights_digest(model):
+    """A digest of the first two weights (the first layer's), to tell whether training changed them."""
+    return hashlib.sha256(b"".join(w.numpy().tobytes() for w in model.weights[:2])).hexdigest()
+
+
+def fit_record(result, seconds, memory, weights_before):
+    """What the report keeps of a fit: timings, transfer rates, memory, and whether it trained."""
+    chief = result.workers[0]
+    return {
+        "time_to_first_step": result.timings["time_to_first_step"], "total": seconds,
+        "timings": result.timings, "worker_timings": [w["timings"] for w in result.workers],
+        "training": result.timings["training"], "steps": chief["steps"],
+        "fetch_mb_s": [w["transfer"]["fetched_bytes"] / 2**20 / max(w["transfer"]["fetch_seconds"], 1e-9)
+                       for w in result.workers],
+        "fetch_seconds": [w["transfer"]["fetch_seconds"] for w in result.workers],
+        "send_mb_s": chief["transfer"]["sent_bytes"] / 2**20 / max(chief["transfer"]["send_seconds"], 1e-9),
+        "via": chief["transfer"]["via"], "warm": [w["warm_start"] for w in result.workers],
+        "workers_memory": [w["memory"] for w in result.workers],
+        **memory,
+        "equal_workers": len({w["checksum"] for w in result.workers}) == 1,
+        "weights_changed": weights_digest(result.model) != weights_before,
+        "saves": chief["checkpoint_saves"], "save_seconds": chief["timings"].get("checkpoints"),
+    }
+
+
+def check_trained(report, df, result):
+    """That predict() scores with the last fit's result and FitResult.save() writes it, in ``report``."""
+    import tfbarrier
+
     scored = tfbarrier.predict(df.limit(16), result, features="x").toPandas()
     report["predicted_rows"] = int(scored["prediction"].notna().sum())
     with tempfile.TemporaryDirectory() as tmp:
         report["saved_mb"] = os.path.getsize(result.save(os.path.join(tmp, "m.keras"))) / 2**20
-    with open(args.out, "w") as f:
-        json.dump(report, f)
-    spark.stop()
 
 
 def refused(report, spark, model):
@@ -303,7 +323,7 @@ def model_rows(name, floors, drivers):
     return rows
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("kind", nargs="?", default="bench", choices=("bench", "floor", "driver", "save"))
     parser.add_argument("--model")
@@ -317,7 +337,11 @@ def main():
     parser.add_argument("--checkpoint-every", type=int)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--checkpoint", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     if args.kind == "floor":
         return floor(args)
     if args.kind == "driver":
@@ -326,19 +350,29 @@ def main():
         return save(args)
     if args.checkpoint:
         return harness.write_section("large-models-checkpoint", checkpoint_section(args.rounds))
+    floors, drivers = measure_rounds(args.models, args.rounds)
+    harness.write_section("large-models", large_models_section(args.models, args.rounds, floors, drivers))
+
+
+def measure_rounds(models, rounds):
+    """Each model's floor and driver (two fits), in turn, ``rounds`` times: (name -> floors, name -> drivers)."""
     with tempfile.TemporaryDirectory(prefix="large-bench-") as directory:
-        files = keras_files(args.models, directory)
-        floors, drivers = {n: [] for n in args.models}, {n: [] for n in args.models}
-        for number in range(args.rounds):
-            for name in args.models:
+        files = keras_files(models, directory)
+        floors, drivers = {n: [] for n in models}, {n: [] for n in models}
+        for number in range(rounds):
+            for name in models:
                 harness.settle()
                 floors[name].append(run_floor(name, files[name]))
                 harness.settle()
                 drivers[name].append(run_driver(name))
                 print(f"round {number + 1} {name}: floor {floors[name][-1]}, fit "
                       f"{[f['time_to_first_step'] for f in drivers[name][-1]['fits']]}", flush=True)
+    return floors, drivers
+
+
+def large_models_section(models, rounds, floors, drivers):
     lines = [
-        "`.venv/bin/python bench/large_model_bench.py --rounds " + str(args.rounds) + "`: 2 workers on local[2], "
+        "`.venv/bin/python bench/large_model_bench.py --rounds " + str(rounds) + "`: 2 workers on local[2], "
         "Spark's default memory (1 GB heaps), 256 rows of 1024 float32, global batch 64, 4 steps; median "
         "(min-max) of the rounds. Memory: a training process's peak resident memory above its TensorFlow "
         "baseline (before the model), against 1.25 x (weights + optimizer slots + gradients) and against the "
@@ -351,13 +385,13 @@ def main():
         "trained, replicas equal |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in args.models:
+    for name in models:
         lines += model_rows(name, floors[name], drivers[name])
-    checks = [(name, d["predicted_rows"], d["saved_mb"]) for name in args.models for d in drivers[name][:1]
+    checks = [(name, d["predicted_rows"], d["saved_mb"]) for name in models for d in drivers[name][:1]
               if not d.get("refused")]
     lines += ["", "predict() and save() after each model's fits: " + "; ".join(
         f"{name}: {rows} rows scored, a {mb:,.0f} MB .keras archive" for name, rows, mb in checks) + "."]
-    harness.write_section("large-models", "\n".join(lines))
+    return "\n".join(lines)
 
 
 def checkpoint_section(rounds, name="mlp61-sgd", steps=16, every=4):
