@@ -82,16 +82,68 @@ def _outputs(raw, output, transform):
     return np.argmax(probabilities, axis=1) if raw.shape[1] > 1 else (probabilities[:, 0] > 0.5).astype(np.int64)
 
 
-def predict_local(model, x, output="class", batch_size=1024):
-    """Predictions of ``model`` for the rows of ``x`` (rows x flat features) on this machine, as
-    ``predict`` makes them on the executors; what R's ``predict()`` on a fit calls."""
+def predict_local(model, data, features=None, output="class", batch_size=1024, layer=-2):
+    """Predictions of ``model`` for the rows of ``data`` on this machine, as ``predict`` makes them on the
+    executors (the same feature layouts, forward passes and outputs); what R's ``predict()`` on a fit calls.
+
+    Parameters
+    ----------
+    model : Keras model (Keras 3 or tf_keras) or FitResult
+    data : numpy.ndarray, pandas.DataFrame or dict
+        An array of one row per example (flat features, or the model's input shape), or a DataFrame whose
+        ``features`` columns are read as ``predict``'s tasks read a Spark DataFrame's (features.py): numeric
+        columns, one column of arrays (e.g. a flat image, or a Spark ML vector collected as an array), or one
+        column of encoded images (bytes). A dict of columns, ``{name: values}``, is such a DataFrame, a 2-D
+        array in it a column of arrays (one row per example), as R hands columns over (frames.py).
+    features : str or list of str
+        As in ``predict``; by default every column of ``data``. Unused for an array.
+    output, batch_size, layer
+        As in ``predict``.
+    """
+    if isinstance(model, FitResult):
+        model = model.model
     if output not in OUTPUTS:
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
+    batch_size = checks.positive_int("batch_size", batch_size)
+    if keras_flavor(model) is None:
+        raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
+    if output == "features":
+        model = feature_extractor(model, layer)
     input_shape = tuple(model.input_shape[1:])
-    x = np.asarray(x, dtype=np.float32).reshape(len(x), -1)
-    check_width(x.shape[1], input_shape)
-    raw = np.asarray(model.predict(x.reshape((-1, *input_shape)), batch_size=batch_size, verbose=0))
-    return _outputs(raw.reshape(len(x), -1).astype(np.float32), output, _output_transform(model, output))
+    transform = _output_transform(model, output)
+    batch = _local_batch(data)
+    if batch is None:
+        x = np.asarray(data, dtype=np.float32)
+        x = x.reshape(len(x), -1)
+        check_width(x.shape[1], input_shape)
+        raw = _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
+    else:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        layout = features_layout(from_arrow_schema(batch.schema), batch.schema.names if features is None else features,
+                                 scoring=True)
+        layout.check_input(input_shape)
+        raw = _batch_outputs(model, layout, batch, input_shape, batch_size, 0)
+    return _outputs(raw, output, transform)
+
+
+def _local_batch(data):
+    """``predict_local``'s DataFrame (or dict of columns) as one Arrow record batch, as a pandas UDF's frame
+    becomes one on the executors; None for anything else (an array)."""
+    import pandas as pd
+
+    if not isinstance(data, (dict, pd.DataFrame)):
+        return None
+    if isinstance(data, dict) and not data:
+        raise InvalidArgumentError("data must have at least one column")
+    try:
+        if isinstance(data, dict):
+            data = pd.DataFrame({name: list(values) if getattr(values, "ndim", 1) == 2 else values
+                                 for name, values in data.items()})
+        return pa.RecordBatch.from_pandas(data, preserve_index=False)
+    except (ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid and ArrowTypeError among them
+        raise ColumnError(f"the DataFrame's columns do not convert to Arrow ({exc}): give numbers, arrays of "
+                          "numbers, or encoded images (bytes)") from None
 
 
 def feature_extractor(model, layer):
@@ -232,6 +284,17 @@ def _image_outputs(model, rows, input_shape, batch_size, offset):
                           "filter out the broken images first") from None
 
 
+def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
+    """Raw outputs for one Arrow record batch of the feature columns, read by ``layout`` (``offset``: rows
+    before it in the partition)."""
+    if layout.images:
+        rows = layout.x(batch).to_numpy(zero_copy_only=False)
+        return _image_outputs(model, rows, input_shape, batch_size, offset)
+    x = shards.to_numpy(layout.x(batch))
+    layout.check_input(input_shape, x.shape[1] if len(x) else None)
+    return _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
+
+
 def _scorer(scoring, layout, input_shape, output, transform, batch_size):
     """A function of one partition's Arrow record batches of the feature columns to its predictions, one
     Arrow array per batch."""
@@ -242,13 +305,7 @@ def _scorer(scoring, layout, input_shape, output, transform, batch_size):
         for batch in batches:
             if model is None:
                 model = _load(scoring)
-            if layout.images:
-                rows = layout.x(batch).to_numpy(zero_copy_only=False)
-                raw = _image_outputs(model, rows, input_shape, batch_size, offset)
-            else:
-                x = shards.to_numpy(layout.x(batch))
-                layout.check_input(input_shape, x.shape[1] if len(x) else None)
-                raw = _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
+            raw = _batch_outputs(model, layout, batch, input_shape, batch_size, offset)
             offset += len(batch)
             values = _outputs(raw, output, transform)
             if output == "class":

@@ -153,6 +153,30 @@ def test_predict_local_matches_keras_and_distributed_outputs(model, rows):
         predict_local(model, x[:, :3])
 
 
+def test_predict_local_reads_a_dataframe_with_the_feature_layouts(model, rows):
+    """tfbarrier.predict_local on a pandas DataFrame (or R's dict of columns) reads its feature columns with
+    features.py's layouts, as predict's tasks do: an array column, numeric columns, encoded images."""
+    import tensorflow as tf
+
+    x = np.stack(rows["pixels"].to_numpy())[:20].astype(np.float32)
+    expected = tfbarrier.predict_local(model, x, output="raw")
+    frame = pd.DataFrame({"pixels": list(x), "digit": rows["digit"].iloc[:20]})
+    np.testing.assert_array_equal(tfbarrier.predict_local(model, frame, features="pixels", output="raw"), expected)
+    np.testing.assert_array_equal(tfbarrier.predict_local(model, {"pixels": x}, output="raw"), expected)
+    columns = {f"x{i}": x[:, i] for i in range(64)}
+    np.testing.assert_array_equal(tfbarrier.predict_local(model, pd.DataFrame(columns), features=list(columns),
+                                                          output="raw"), expected)
+    images = (x.reshape(-1, 8, 8, 1) * 255).round().astype(np.uint8)
+    encoded = [tf.io.encode_png(image).numpy() for image in images]
+    decoded = np.stack([tf.image.resize(tf.io.decode_png(data, 1), (8, 8)).numpy() for data in encoded])
+    np.testing.assert_allclose(tfbarrier.predict_local(model, pd.DataFrame({"content": encoded}), output="raw"),
+                               model.predict(decoded, verbose=0), atol=1e-4)
+    with pytest.raises(ColumnError, match="holds arrays of different lengths"):
+        tfbarrier.predict_local(model, {"pixels": [x[0], x[1, :10]]})
+    with pytest.raises(ColumnError, match="column 'image' is not in the DataFrame"):
+        tfbarrier.predict_local(model, frame, features="image")
+
+
 
 def _prune_in_rounds(barrier, directory, rounds, failures):
     from tfbarrier.inference import prune_models
