@@ -242,11 +242,15 @@ def horovod_rows(model):
     return [(name, ring, efficiency(ring, overlap)) for name, ring, overlap in steps]
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts-results", default=hosts_bench.OUT, help="bench/hosts_bench.py's measurements")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
     harness.local_spark_env()  # TensorFlow's banners quiet
     with open(args.hosts_results) as f:
         results = json.load(f)
@@ -256,17 +260,20 @@ def main():
     sizes = {kind: model_size(kind) for kind in {*kinds, "large"}}
     measured = anatomy(sorted({*kinds, "large"}, key=workloads.MODELS.index), counts, args.rounds, log)
     model = Model(measured, sizes, results)
+    body = ("## Beyond one machine\n\n" + model_text(model, args.rounds, kinds, counts)
+            + predictions_text(model) + horovod_text(model))
+    harness.write_section("scaling-model", body)
+    print(body)
+
+
+def model_text(model, rounds, kinds, counts):
+    """The model, its measured inputs, and its validation against hosts_bench's shaped runs."""
+    results = model.results
     rows = validation(model)
-    large_per_sample = measured["large", 1][COMPUTE] / 1000 / step_anatomy_bench.BATCH
-    resnet_per_sample = large_per_sample * RESNET50["forward_macs"] / sizes["large"]["forward_macs"]
-    predictions = [("large, one core per worker", extrapolation(model, sizes["large"], large_per_sample)),
-                   ("ResNet-50-sized, one core per worker", extrapolation(model, RESNET50, resnet_per_sample))]
-    horovod = horovod_rows(model)
     worst = max(rows, key=lambda row: abs(row[-1])) if rows else None
-    command = (f"`.venv/bin/python bench/scaling_model.py --rounds {args.rounds}` after hosts_bench "
+    command = (f"`.venv/bin/python bench/scaling_model.py --rounds {rounds}` after hosts_bench "
                f"(`{' '.join(['bench/hosts_bench.py', *results['command']])}` at {results['revision']})")
-    body = (
-        "## Beyond one machine\n\n"
+    return (
         f"{command}. The model: a step of N workers takes compute(N) + fixed + ring(N), with ring(N) = "
         "2(N-1)/N x gradient bytes x 8 x (1/link + 1/transport) + 2(N-1) x latency; throughput = N x batch / "
         f"step (batch {model.batch} per worker). Its inputs, measured (step_anatomy_bench's processes on "
@@ -277,24 +284,37 @@ def main():
         "error = predicted / measured - 1."
         + (f" Largest error: {worst[-1]:+.0%} ({worst[0]} hosts, {worst[1]}, {worst[2]}, {worst[3]}); "
            f"{sum(abs(r[-1]) <= 0.25 for r in rows)} of {len(rows)} runs within 25%." if worst else "")
-        + "\n\n" + validation_table(rows, model.links)
-        + "\n\nPredictions, one worker per machine (compute of one process alone: large "
+        + "\n\n" + validation_table(rows, model.links))
+
+
+def predictions_text(model):
+    """The extrapolation to a worker per machine: the large model, and a ResNet-50-sized one."""
+    measured, sizes = model.measured, model.sizes
+    large_per_sample = measured["large", 1][COMPUTE] / 1000 / step_anatomy_bench.BATCH
+    resnet_per_sample = large_per_sample * RESNET50["forward_macs"] / sizes["large"]["forward_macs"]
+    predictions = [("large, one core per worker", extrapolation(model, sizes["large"], large_per_sample)),
+                   ("ResNet-50-sized, one core per worker", extrapolation(model, RESNET50, resnet_per_sample))]
+    return (
+        "\n\nPredictions, one worker per machine (compute of one process alone: large "
         f"{measured['large', 1][COMPUTE]:.1f} ms per step of {model.batch}; ResNet-50-sized "
         f"{resnet_per_sample * model.batch:.2f} s, the large model's time scaled by forward multiply-adds, "
         f"{RESNET50['forward_macs'] / 1e9:.1f} G against {sizes['large']['forward_macs'] / 1e6:.1f} M; "
         f"{RESNET50['parameters'] / 1e6:.1f} M parameters), the fixed time of tfbarrier's default on 2 hosts, "
         "TensorFlow's gRPC ring with the latency and transport measured for 2 processes; efficiency = "
         "t(1) / t(N):\n\n"
-        + extrapolation_table(predictions)
-        + "\n\nBeside Horovod's published 90% (ResNet-101, 512 Pascal GPUs on 128 servers, 25 Gbit/s, tensor "
+        + extrapolation_table(predictions))
+
+
+def horovod_text(model):
+    """tfbarrier's ring, with each addition in turn, beside Horovod's published scaling efficiency."""
+    return (
+        "\n\nBeside Horovod's published 90% (ResNet-101, 512 Pascal GPUs on 128 servers, 25 Gbit/s, tensor "
         f"fusion): the same formula for a ResNet-101-sized model ({RESNET101_PARAMETERS / 1e6:.1f} M parameters) "
-        f"and a GPU step of {GPU_STEP:.2f} s at 64 images (Horovod's example run, 16 GPUs), one addition at a time (overlap hides up to "
-        f"{BACKWARD_SHARE:.0%} of the compute, the backward pass):\n\n"
+        f"and a GPU step of {GPU_STEP:.2f} s at 64 images (Horovod's example run, 16 GPUs), one addition at a "
+        f"time (overlap hides up to {BACKWARD_SHARE:.0%} of the compute, the backward pass):\n\n"
         "| ring | all-reduce s / step | scaling efficiency |\n|---|---|---|\n"
-        + "\n".join(f"| {name} | {ring:.3f} | {eff:.0%} |" for name, ring, eff in horovod)
+        + "\n".join(f"| {name} | {ring:.3f} | {eff:.0%} |" for name, ring, eff in horovod_rows(model))
         + f"\n| Horovod, published | - | {HOROVOD_EFFICIENCY:.0%} |")
-    harness.write_section("scaling-model", body)
-    print(body)
 
 
 if __name__ == "__main__":
