@@ -365,44 +365,16 @@ def run_mode(mode, number, args, work, tag):
         jvms = set()
         times = {}
 
-        started = time.perf_counter()
-        if mode == "attached":
-            served = owner.ask(op="serve", view="tfbarrier_in")
-            given = r_side.ask(op="attach", port=served["port"], secret=served["secret"],
-                               pin_thread=served["pin_thread"], view="tfbarrier_in")
-            session = served["server_seconds"] + given["session_seconds"]
-        else:
-            given = r_side.ask(op="connect")
-            owner.ask(op="write", path=os.path.join(exchange, "tbl"))
-            r_side.ask(op="read", path=os.path.join(exchange, "tbl"))
-            session = given["session_seconds"]
-        times["to_tfbarrier"] = time.perf_counter() - started
+        given, session = timed(times, "to_tfbarrier", lambda: to_tfbarrier(mode, owner, r_side, exchange))
         jvms |= owner.jvms() | r_side.jvms()
-
-        started = time.perf_counter()
-        fitted = r_side.ask(op="fit")
-        times["fit"] = time.perf_counter() - started
+        fitted = timed(times, "fit", lambda: r_side.ask(op="fit"))
         jvms |= owner.jvms() | r_side.jvms()
-
-        started = time.perf_counter()
-        back = {"view": "tfbarrier_out"} if mode == "attached" else {"path": os.path.join(exchange, "out")}
-        r_side.ask(op="predict", **back)
-        os.kill(r_side.proc.pid, signal.SIGSTOP)  # R runs no Python while sparklyr collects
-        try:
-            groups = owner.ask(op="aggregate", **back)["groups"]
-        finally:
-            os.kill(r_side.proc.pid, signal.SIGCONT)
-        times["predict_and_back"] = time.perf_counter() - started
+        groups = timed(times, "predict_and_back", lambda: predict_and_back(mode, owner, r_side, exchange))
         jvms |= owner.jvms() | r_side.jvms()
 
         times["total"] = times["to_tfbarrier"] + times["fit"] + times["predict_and_back"]
         counted = sum(count for _, _, count in groups)
-        if counted != args.rows or fitted["rows"] != args.rows:
-            raise RuntimeError(f"{mode}: the fit saw {fitted['rows']} rows and the aggregate counted {counted}, "
-                               f"not {args.rows}")
-        same_app = given["app_id"] == owner.ready["app_id"]
-        if same_app != (mode == "attached"):
-            raise RuntimeError(f"{mode}: the R side ran in {'the owner' if same_app else 'another'}'s application")
+        check_round(mode, args.rows, fitted, counted, same_app=given["app_id"] == owner.ready["app_id"])
         return dict(times, session=session, disk_bytes=disk_bytes(exchange), jvms=len(jvms),
                     accuracy=sum(count for label, prediction, count in groups if label == prediction) / counted,
                     loss=fitted["loss"])
@@ -410,6 +382,48 @@ def run_mode(mode, number, args, work, tag):
         for child in reversed(children):
             child.stop()
         shutil.rmtree(exchange, ignore_errors=True)
+
+
+def timed(times, phase, run):
+    """What ``run()`` returns; its seconds in ``times[phase]``."""
+    started = time.perf_counter()
+    outcome = run()
+    times[phase] = time.perf_counter() - started
+    return outcome
+
+
+def to_tfbarrier(mode, owner, r_side, exchange):
+    """The table made reachable by the R side's tfbarrier: (the R side's answer, the session's seconds)."""
+    if mode == "attached":
+        served = owner.ask(op="serve", view="tfbarrier_in")
+        given = r_side.ask(op="attach", port=served["port"], secret=served["secret"],
+                           pin_thread=served["pin_thread"], view="tfbarrier_in")
+        return given, served["server_seconds"] + given["session_seconds"]
+    given = r_side.ask(op="connect")
+    owner.ask(op="write", path=os.path.join(exchange, "tbl"))
+    r_side.ask(op="read", path=os.path.join(exchange, "tbl"))
+    return given, given["session_seconds"]
+
+
+def predict_and_back(mode, owner, r_side, exchange):
+    """The R side's predictions, back to the owner: its aggregate's groups (label, prediction, count)."""
+    back = {"view": "tfbarrier_out"} if mode == "attached" else {"path": os.path.join(exchange, "out")}
+    r_side.ask(op="predict", **back)
+    os.kill(r_side.proc.pid, signal.SIGSTOP)  # R runs no Python while sparklyr collects
+    try:
+        return owner.ask(op="aggregate", **back)["groups"]
+    finally:
+        os.kill(r_side.proc.pid, signal.SIGCONT)
+
+
+def check_round(mode, rows, fitted, counted, same_app):
+    """That the fit and the aggregate saw every row, and the R side ran in the owner's application
+    exactly when attached."""
+    if counted != rows or fitted["rows"] != rows:
+        raise RuntimeError(f"{mode}: the fit saw {fitted['rows']} rows and the aggregate counted {counted}, "
+                           f"not {rows}")
+    if same_app != (mode == "attached"):
+        raise RuntimeError(f"{mode}: the R side ran in {'the owner' if same_app else 'another'}'s application")
 
 
 ROWS = [("to_tfbarrier", "to_tfbarrier (s)", 2), ("session", "of which session (s)", 2), ("fit", "fit (s)", 2),
