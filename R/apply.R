@@ -26,7 +26,7 @@ spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = N
     tf_abort("f must be a function(df, barrier)", "InvalidArgumentError")
   }
   sdf <- as_spark_dataframe(sdf, spark)
-  closure <- reticulate::import("tfbarrier.r_closure")$RClosure(serialize(f, NULL))
+  closure <- core$r_closure$RClosure(serialize(f, NULL))
   types <- NULL
   if (!is.null(columns)) {
     arrow <- c(character = "string", integer = "int32", double = "float64", numeric = "float64", logical = "bool")

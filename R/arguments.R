@@ -18,6 +18,18 @@ as_spark_dataframe <- function(sdf, spark) {
   tf_spark_dataframe(if (is.null(spark)) tf_spark_connect() else spark, sdf)
 }
 
+# match.arg() whose error carries tfbarrier's classes: `arg` (partially) matches one of `choices`; left at
+# its default (all the choices), the first.
+choose_arg <- function(arg, choices, name = deparse(substitute(arg))) {
+  if (identical(arg, choices)) return(choices[1])
+  chosen <- if (is.character(arg) && length(arg) == 1 && !is.na(arg)) pmatch(arg, choices) else NA
+  if (is.na(chosen)) {
+    tf_abort(sprintf("%s must be one of %s, got %s", name, paste0("\"", choices, "\"", collapse = ", "),
+                     paste(deparse(arg), collapse = " ")), "InvalidArgumentError")
+  }
+  choices[chosen]
+}
+
 # Refuse anything but a fit (tf_save(), tf_export()).
 check_fit <- function(fit) {
   if (!inherits(fit, "tfbarrier_fit")) {

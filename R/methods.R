@@ -124,35 +124,65 @@ print.summary.tfbarrier_fit <- function(x, ...) {
 
 #' Predictions of a fitted model, on the driver
 #'
+#' Scores `newdata` in this R session's Python with the core's `tfbarrier.predict_local()`, which reads
+#' feature columns with the same layouts, and scores them the same way, as the tasks of
+#' [spark_tf_predict()]: the two predict the same for the same rows.
+#'
 #' @param object A `tfbarrier_fit`.
-#' @param newdata A numeric matrix (one row per example, flat features) or a data.frame holding the
-#'   fit's feature columns (a matrix or list column for array features).
+#' @param newdata A numeric matrix (one row per example, flat features) or array (one example per
+#'   index of its first dimension, e.g. `n x 8 x 8 x 1`), or a data.frame holding the fit's feature
+#'   columns as [spark_tf_fit()] takes them: numeric columns; one array column (a matrix column, or a list
+#'   column of equal-length numeric vectors, such as a Spark ML vector column collected into R); or one
+#'   column of encoded images (PNG, JPEG, GIF, BMP), a list of raw vectors (e.g. `readBin()` of the files)
+#'   or the `content` of a `binaryFile` DataFrame collected with [tf_collect()].
 #' @param type `"class"` (integer class ids, as in the label), `"probabilities"` or `"raw"` (matrices).
 #' @param batch_size Rows per forward pass.
 #' @param ... Unused.
 #' @return An integer vector (`"class"`) or a numeric matrix, one row per row of `newdata`.
+#' @section Errors: As in [spark_tf_fit()]: a missing feature column is a `"ColumnError"`, rows that do
+#'   not fill the model's input a `"ModelError"`, a bad argument an `"InvalidArgumentError"`, each followed
+#'   by `"TfBarrierError"` and `"tfbarrier_error"`.
 #' @export
 predict.tfbarrier_fit <- function(object, newdata, type = c("class", "probabilities", "raw"),
                                   batch_size = 1024L, ...) {
-  type <- match.arg(type)
-  x <- feature_matrix(newdata, object$features)
-  out <- tf_call(core$inference$predict_local(object$model, reticulate::np_array(x, dtype = "float32"),
-                                              output = type, batch_size = as.integer(batch_size)))
+  if (missing(newdata)) {
+    tf_abort("predict() on a fit needs newdata: a matrix, or a data.frame of the fit's feature columns",
+             "InvalidArgumentError")
+  }
+  type <- choose_arg(type, c("class", "probabilities", "raw"))
+  out <- tf_call(core$predict_local(object$model, local_data(newdata, object$features),
+                                    features = as_column_names(object$features), output = type,
+                                    batch_size = as_int(batch_size)))
   if (type == "class") as.integer(out) else as.matrix(out)
 }
 
-feature_matrix <- function(newdata, features) {
-  if (is.matrix(newdata)) return(newdata)
+# newdata as the core's predict_local() takes it: a matrix or array as float32; a data.frame's feature
+# columns as {name: array}, as tf_spark_dataframe() hands R columns over (column_array()), a column of
+# encoded images as a list of bytes. The core's feature layouts read them.
+local_data <- function(newdata, features) {
+  if (is.array(newdata)) {
+    if (!is.numeric(newdata) && !is.logical(newdata)) {
+      tf_abort(paste0("newdata as a matrix must hold numbers, not ", typeof(newdata)), "InvalidArgumentError")
+    }
+    return(reticulate::np_array(newdata, dtype = "float32"))
+  }
   if (!is.data.frame(newdata)) {
-    tf_abort("newdata must be a matrix or a data.frame", "InvalidArgumentError")
+    tf_abort(paste0("newdata must be a matrix or a data.frame, not ", class(newdata)[1]), "InvalidArgumentError")
   }
   missing <- setdiff(features, names(newdata))
   if (length(missing)) {
-    tf_abort(sprintf("newdata has no column(s) %s", paste(missing, collapse = ", ")), "ColumnError")
+    tf_abort(sprintf("newdata has no column(s) %s; its columns are %s", paste(missing, collapse = ", "),
+                     paste(names(newdata), collapse = ", ")), "ColumnError")
   }
-  if (length(features) == 1) {
-    values <- newdata[[features]]
-    return(if (is.list(values)) do.call(rbind, values) else as.matrix(values))
-  }
-  as.matrix(newdata[features])
+  columns <- lapply(features, function(name) {
+    values <- newdata[[name]]
+    if (is_encoded_images(values)) unclass(values) else column_array(name, values)
+  })
+  stats::setNames(columns, features)
+}
+
+# A list column of encoded image files: raw vectors (NULL for a missing one, which the core refuses).
+is_encoded_images <- function(values) {
+  is.list(values) && any(vapply(values, is.raw, logical(1))) &&
+    all(vapply(values, function(v) is.raw(v) || is.null(v), logical(1)))
 }

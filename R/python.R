@@ -38,6 +38,10 @@ import_after_tfbarrier <- function(module) {
   reticulate::import(module)
 }
 
+# Python bytes (a binary column's value, e.g. an encoded image) as an R raw vector: reticulate converts
+# a bytearray to one, not bytes.
+raw_bytes <- function(value) reticulate::import_builtins()$bytearray(value)
+
 #' Is the Python side of tfbarrier available?
 #'
 #' @return `TRUE` when the Python interpreter imports `tfbarrier` and `pyspark`, and Java is on the

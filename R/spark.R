@@ -121,8 +121,9 @@ column_array <- function(name, values) {
 #'
 #' Collects a `pyspark` DataFrame (e.g. the predictions of [spark_tf_predict()]) to the driver through
 #' Arrow, as an R data.frame: numbers, logicals and strings as vectors, array columns (a flat image,
-#' class probabilities) as matrix columns, one row per example. Arrays of different lengths, or with
-#' missing elements, come as a list column. `as.data.frame()` on a pyspark DataFrame does the same. A
+#' class probabilities) as matrix columns, one row per example, binary columns (the `content` of encoded
+#' images) as list columns of raw vectors. Arrays of different lengths, or with missing elements, come
+#' as a list column. `as.data.frame()` on a pyspark DataFrame does the same. A
 #' sparklyr `tbl_spark` is collected by sparklyr (`dplyr::collect()`).
 #'
 #' @param sdf A `pyspark` DataFrame (classic or Spark Connect), or a sparklyr `tbl_spark`.
@@ -162,12 +163,18 @@ as.data.frame.pyspark.sql.dataframe.DataFrame <- function(x, row.names = NULL, o
 as.data.frame.pyspark.sql.connect.dataframe.DataFrame <- as.data.frame.pyspark.sql.dataframe.DataFrame
 
 # One collected column: a matrix stays a matrix (or becomes a list of its rows); a list of strings or
-# of scalars with NULLs becomes a vector with NAs; a list of arrays stays a list.
+# of scalars with NULLs becomes a vector with NAs; a list of arrays stays a list; binary values (encoded
+# images) become raw vectors.
 r_column <- function(values, arrays) {
   if (is.matrix(values)) {
     return(if (arrays == "list") lapply(seq_len(nrow(values)), function(i) values[i, ]) else values)
   }
   if (is.list(values)) {
+    bytes <- vapply(values, inherits, logical(1), "python.builtin.bytes")
+    if (any(bytes)) {
+      values[bytes] <- lapply(values[bytes], raw_bytes)
+      return(values)
+    }
     scalar <- vapply(values, function(v) is.null(v) || (is.atomic(v) && length(v) == 1 && !is.array(v)), logical(1))
     if (all(scalar)) {
       values[vapply(values, is.null, logical(1))] <- list(NA)

@@ -17,6 +17,14 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
   probabilities <- predict(fit, data$held_out$pixels[1:5, ], type = "probabilities")
   expect_equal(dim(probabilities), c(5, 10))
   expect_equal(rowSums(probabilities), rep(1, 5), tolerance = 1e-5)
+  # a list column of vectors and an array of images: the core's own layouts, as on the executors
+  listed <- data$held_out[1:20, "digit", drop = FALSE]
+  listed$pixels <- lapply(1:20, function(i) data$held_out$pixels[i, ])
+  raw <- predict(fit, data$held_out$pixels[1:20, ], type = "raw")
+  expect_equal(predict(fit, listed, type = "raw"), raw)
+  images <- aperm(array(data$held_out$pixels[1:20, ], c(20, 8, 8, 1)), c(1, 3, 2, 4))  # rows of 8 pixels
+  expect_equal(predict(fit, images, type = "raw"), raw)
+  expect_equal(predict(fit, listed, type = "prob"), predict(fit, listed, type = "probabilities"))
 
   archive <- save_model(fit, tempfile(fileext = ".keras"))
   reloaded <- tfbarrier:::import_after_tfbarrier("keras")$saving$load_model(archive)
@@ -160,6 +168,13 @@ test_that("a Spark ML vector column (VectorAssembler's: the JVM type ft_vector_a
   expect_lt(fit$history$loss[2], fit$history$loss[1])
   scored <- tf_collect(spark_tf_predict(held_out, fit, spark = test_spark())$select("prediction"))
   expect_equal(scored$prediction, predict(fit, data$held_out$pixels[1:20, ]))
+  # on the driver, the vectors as sparklyr collects them (a list column), or as 64 numeric columns
+  vectors <- data.frame(digit = data$held_out$digit[1:20])
+  vectors$features <- lapply(1:20, function(i) data$held_out$pixels[i, ])
+  expect_equal(predict(fit, vectors), scored$prediction)
+  by_columns <- fit
+  by_columns$features <- paste0("X", 1:64)
+  expect_equal(predict(by_columns, flat(data$held_out[1:20, ])), scored$prediction)
   expect_error(spark_tf_fit(train, tf_keras_cnn_example(c(10, 10, 1)), features = "features", label = "digit",
                             num_workers = 2, spark = test_spark()),
                "vector column 'features' has vectors of size 64, but the model takes 100", class = "ColumnError")

@@ -39,6 +39,15 @@ test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG 
   scored <- spark_tf_predict(sdf, fit, spark = spark)$select("prediction")$toPandas()
   expect_equal(nrow(scored), 200)
   expect_true(all(scored$prediction %in% 0:9))
+
+  # on the driver: the collected content (raw vectors), or the files read into R, decoded by the core
+  collected <- tf_collect(spark_tf_predict(sdf$select("path", "content")$limit(20L), fit, spark = spark))
+  files <- sub("^file:", "", collected$path)
+  expect_equal(collected$content, lapply(files, function(f) readBin(f, "raw", file.size(f))))
+  expect_equal(predict(fit, collected), collected$prediction)
+  read <- data.frame(file = files)
+  read$content <- lapply(files, function(f) readBin(f, "raw", file.size(f)))
+  expect_equal(predict(fit, read, type = "raw"), predict(fit, collected, type = "raw"))
 })
 
 test_that("an image that does not decode is a ColumnError in R, raised in a training process", {
