@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 
+from . import faults
 from .errors import ClusterError
 from .settings import (
     DIRECT_PARQUET_CONF,
@@ -154,23 +155,6 @@ def _executor_python(spark):
     return spark.conf.get("spark.pyspark.python", None) or _context(spark).pythonExec
 
 
-_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
-
-
-def missing_module_error(text, python=None):
-    """The ClusterError for a Python worker whose failure ``text`` says it lacks a module (``python``:
-    the executors' interpreter, when known here), else None."""
-    missing = _MISSING_MODULE.search(text)
-    if missing is None:
-        return None
-    which = f"run {python}, which has" if python else "run a Python that has"
-    return ClusterError(
-        f"Spark's Python workers {which} no module {missing.group(1)!r}, so no task can start. Run them in a "
-        f"Python that has tfbarrier (this one: set PYSPARK_PYTHON={sys.executable} in the environment before the "
-        "SparkSession starts, or spark.pyspark.python), or run your script from the activated virtualenv"
-    )
-
-
 def check_executor_python(spark):
     """Local mode: refuse at once when the executors' Python lacks what tfbarrier's tasks import (a
     script run as .venv/bin/python with the venv not activated starts workers with a bare python3)."""
@@ -187,7 +171,7 @@ def check_executor_python(spark):
     except OSError as exc:
         raise ClusterError(f"Spark's Python workers run {python!r}, which cannot be started ({exc}): set "
                            f"PYSPARK_PYTHON={sys.executable} before the SparkSession starts") from None
-    error = missing_module_error(out.stderr, resolved)
+    error = faults.missing_module(out.stderr, resolved)
     if error is not None:
         raise error
     if out.returncode == 0:

@@ -115,19 +115,6 @@ class DriverUnreachableError(WorkerError):
         super().__init__(message, **fields)
 
 
-# TensorFlow's errors for an op that lost contact with a peer: a collective, or the coordination
-# service's heartbeat, aborted because another worker stopped answering. A model or its data never
-# raises these; they are what the workers that remained see when one worker (or its host) is lost.
-LOST_CONTACT_TYPES = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError")
-
-
-def lost_contact(error):
-    """True for a WorkerError of a training process whose TensorFlow op failed for want of a peer: a
-    consequence of another worker's failure, not a cause."""
-    return isinstance(error, WorkerError) and not isinstance(error, WorkerLostError) \
-        and error.exc_type in LOST_CONTACT_TYPES
-
-
 def class_names(error):
     """The tfbarrier classes of ``error``, most specific first (former names after the current one);
     empty for other exceptions. R's conditions carry these names in their class vector."""

@@ -99,6 +99,10 @@ class FitJob(Job):
         return agreed
 
     # ---- back on the driver ----
+    def attempt_fields(self, results):
+        """Where the attempt started: initial_epoch (> 0 when it resumed) and resumed_at."""
+        return {"initial_epoch": results[0].initial_epoch, "resumed_at": results[0].resumed_at}
+
     def decode(self, results, files):
         """The path of the chief's trained model: its weights, or a model function's .keras archive."""
         chief = results[0]

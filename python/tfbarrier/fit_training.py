@@ -20,7 +20,7 @@ import tf_keras
 from . import communication, evaluation, memory, optimizers, pacing, protocol, saving, shards
 from .checkpoints import Checkpoints, resume_point, start_of
 from .errors import ColumnError
-from .job import port_clash_is_retryable
+from .faults import port_clash_is_retryable
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
 

@@ -7,13 +7,13 @@ kind fills in, so that a new kind is one class:
   in the task              ``write_input`` (the partition to the shard file), ``check_peers``
                            and ``agree_steps`` (after the rendezvous)
   in the training process  ``execute`` (TensorFlow imported, TF_CONFIG set): a results.ProcessReport
-  back on the driver       ``decode`` (the workers' results and the files they sent: what the call returns)
+  back on the driver       ``attempt_fields`` (what an attempt records) and ``decode`` (the workers'
+                           results and the files they sent: what the call returns)
 
 The kinds: ``FitJob`` (fit_job.py: Keras fit under MultiWorkerMirroredStrategy), and here ``RunJob``
 (call the user's function in every worker) and ``ApplyJob`` (call it on each task's partition).
 """
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -25,11 +25,9 @@ import uuid
 import cloudpickle
 
 from . import settings, shards
-from .errors import ColumnError, PortClashError
+from .errors import ColumnError
+from .faults import port_clash_is_retryable
 from .results import ProcessReport
-
-_PORT_CLASH_SIGNS = ("Could not start gRPC server", "Address already in use")
-
 
 @dataclasses.dataclass
 class Job:
@@ -74,21 +72,14 @@ class Job:
         raise NotImplementedError
 
     # ---- back on the driver ----
+    def attempt_fields(self, results):
+        """What the kind records of a successful attempt besides its bytes (``FitResult.attempts``)."""
+        return {}
+
     def decode(self, results, files):
         """What the workers sent back, as the caller gets it: ``results`` are their WorkerResults in worker
         order, ``files`` the job's transfer.JobFiles (``files.received(payload)``: a sent file's path)."""
         raise NotImplementedError
-
-
-@contextlib.contextmanager
-def port_clash_is_retryable():
-    """Where TensorFlow binds its port: a taken port becomes a PortClashError, which the driver retries."""
-    try:
-        yield
-    except Exception as exc:
-        if any(sign in str(exc) for sign in _PORT_CLASH_SIGNS):
-            raise PortClashError(str(exc)) from exc
-        raise
 
 
 def _report(started, **fields):

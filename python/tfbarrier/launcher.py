@@ -15,8 +15,8 @@ import sys
 import tempfile
 import time
 
-from . import errors, protocol, settings
-from .errors import PortClashError, TfBarrierError, WorkerError, WorkerStalledError
+from . import faults, protocol, settings
+from .errors import WorkerError, WorkerStalledError
 from .protocol import LOG_FILE
 
 LOG_TAIL_LINES = 40
@@ -194,26 +194,10 @@ class TrainingProcess:
             self._proc.kill()
 
     def failure(self):
-        """The exception that describes why the training process exited. A process killed by a
-        signal (OOM killer, kill -9) is retryable; an exception in the training code is not."""
+        """The exception that describes why the training process exited (faults.process_failure)."""
         code = self._proc.wait()
         info = protocol.read_error(self.workdir or self.home)
-        raised = getattr(errors, info.get("type", ""), None) if info.get("module") == errors.__name__ else None
-        if isinstance(raised, type) and issubclass(raised, TfBarrierError) and not issubclass(raised, WorkerError):
-            # An error in the model or the data: the same class as on the driver, never retried.
-            return errors.from_worker(raised, f"worker {self.worker_index} on {self.host}: {info['message']}",
-                                      self.worker_index, self.host, self.log_tail())
-        cls = PortClashError if code == protocol.EXIT_PORT_CLASH else WorkerError
-        if info:
-            what = f"{info['type']}: {info['message']}"
-        elif code < 0:
-            what = f"killed by signal {signal.Signals(-code).name}"
-        else:
-            what = f"exited with status {code}"
-        fields = dict(worker=self.worker_index, host=self.host, exc_type=info.get("type"), log=self.log_tail())
-        if cls is WorkerError:
-            fields["retryable"] = code < 0
-        return cls(f"worker {self.worker_index} on {self.host} failed: {what}", **fields)
+        return faults.process_failure(code, info, self.worker_index, self.host, self.log_tail())
 
     def stop(self, grace=settings.STOP_GRACE):
         """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds) and reap it."""

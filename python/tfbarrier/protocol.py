@@ -11,7 +11,8 @@ each an ``event``::
     process -> task   DONE      the result is in RESULT_FILE
 
 In the work directory: the job (JOB_FILE), the process's output (LOG_FILE), its result (RESULT_FILE)
-or, when it fails, its exception (ERROR_FILE); the process's exit code says which failure it was.
+or, when it fails, its exception (ERROR_FILE); the process's exit code says which failure it was
+(faults.py).
 On STACKS_SIGNAL the process writes its Python threads' stacks to its output (a stalled worker's).
 
 The task hands its result to the driver as rows of at most CHUNK bytes (Spark Connect caps the size
@@ -36,9 +37,6 @@ VALIDATION_FILE = "validation.arrow"  # next to SHARD_FILE: the worker's validat
 
 STACKS_SIGNAL = signal.SIGUSR1
 
-EXIT_OK = 0
-EXIT_FAILED = 1  # an exception, described in ERROR_FILE
-EXIT_PORT_CLASH = 75  # EX_TEMPFAIL: the port was taken in between; the driver retries
 
 RESULT_SCHEMA = "index int, chunk int, payload binary"
 CHUNK = 16 * 2**20

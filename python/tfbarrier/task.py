@@ -16,8 +16,8 @@ import shutil
 import tempfile
 import time
 
-from . import driver_link, environment, errors, gpus, protocol, rendezvous, settings, spares, transfer
-from .errors import DriverUnreachableError, TfBarrierError, WorkerError, WorkerLostError
+from . import driver_link, environment, errors, faults, gpus, protocol, rendezvous, settings, spares, transfer
+from .errors import DriverUnreachableError, TfBarrierError, WorkerError
 from .launcher import TrainingProcess
 from .results import WorkerResult
 
@@ -68,23 +68,6 @@ def _fetch_files(job, link, workdir, index, host):
             f"worker {index} on {host} could not connect to the driver's link at {job.link['host']}:"
             f"{job.link['port']} to fetch the job's files", worker=index, host=host)
     return transfer.Fetch(job, link, workdir)
-
-
-def _blame_lost_peer(error, peers, index, host):
-    """The training process's ``error``; or, when it lost contact with a peer (errors.lost_contact) whose
-    host no longer answers at all, a WorkerLostError naming that peer and its host, with ``error`` as
-    what this worker saw."""
-    if not errors.lost_contact(error):
-        return error
-    silent = rendezvous.silent_peers(peers, index)
-    if not silent:  # every peer's host answers: a peer's own failure, which its task reports
-        return error
-    lost = peers[silent[0]]
-    others = "".join(f"; worker {i} on {peers[i]['host']} did not answer either" for i in silent[1:])
-    why = (f"its host stopped answering during the job (worker {index} on {host} had no answer from "
-           f"{lost['host']}:{lost['port']} within {settings.PEER_PROBE_TIMEOUT:.0f} s: a cut link, or a machine "
-           f"that went down){others}")
-    return WorkerLostError.of(silent[0], lost["host"], why, consequence=error)
 
 
 def _run(job, context, batches, workdir, link):
@@ -138,7 +121,8 @@ def _run(job, context, batches, workdir, link):
                             armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
                             setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
         except WorkerError as error:
-            raise _blame_lost_peer(error, peers, index, host) from None
+            raise faults.blame_lost_peer(error, peers, index, host, lambda: rendezvous.silent_peers(peers, index),
+                                         settings.PEER_PROBE_TIMEOUT) from None
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
         process.stop(grace=settings.EXIT_GRACE)
     if job.warm_start:

@@ -16,8 +16,7 @@ import threading
 import time
 import traceback
 
-from . import protocol, rendezvous, settings
-from .errors import PortClashError
+from . import faults, protocol, rendezvous, settings
 from .launcher import name_process
 
 
@@ -28,7 +27,7 @@ def _exit_with_parent():
     def watch():
         while os.getppid() == parent:
             time.sleep(1.0)
-        os._exit(protocol.EXIT_FAILED)
+        os._exit(faults.EXIT_FAILED)
 
     threading.Thread(target=watch, daemon=True, name="tfbarrier-parent-watch").start()
 
@@ -96,14 +95,12 @@ def main(argv):
         report.timings["tensorflow_import"] = max(0.0, imported - message["sent_at"])
         protocol.write_pickle(workdir, protocol.RESULT_FILE, report)
         channel.send(protocol.DONE)
-    except PortClashError as exc:
-        protocol.write_error(workdir, exc)
-        return protocol.EXIT_PORT_CLASH
     except BaseException as exc:  # noqa: B902 - every failure must reach the driver
-        traceback.print_exc()
+        if faults.exit_code(exc) == faults.EXIT_FAILED:  # a port clash is no bug to show
+            traceback.print_exc()
         protocol.write_error(workdir, exc)
-        return protocol.EXIT_FAILED
-    return protocol.EXIT_OK
+        return faults.exit_code(exc)
+    return faults.EXIT_OK
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-from .errors import DriverUnreachableError
+from . import faults
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +163,7 @@ class Fetch:
     def wait(self, worker, host):
         self._thread.join()
         if self._error is not None:
-            raise DriverUnreachableError(
-                f"worker {worker} on {host} could not fetch the model from the driver's link "
-                f"({type(self._error).__name__}: {self._error})", worker=worker, host=host)
+            raise faults.fetch_failure(self._error, worker, host)
         return self.stats
 
 

@@ -40,16 +40,3 @@ def test_a_lost_worker_travels_as_a_retryable_worker_error_naming_its_host_with_
     assert cause.startswith("worker 1 on host-b was lost: its host stopped answering")
     assert context == str(seen)
     assert errors.class_names(received)[:2] == ["WorkerLostError", "WorkerError"]
-
-
-def test_only_tensorflows_errors_of_a_lost_peer_count_as_lost_contact():
-    def worker_error(exc_type, cls=errors.WorkerError):
-        return cls("worker 0 on host-a failed", worker=0, host="host-a", exc_type=exc_type)
-
-    for exc_type in ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError"):
-        assert errors.lost_contact(worker_error(exc_type))
-    # errors of the model or its data are causes, never consequences of a lost peer
-    for exc_type in ("ValueError", "InvalidArgumentError", "ResourceExhaustedError", None):
-        assert not errors.lost_contact(worker_error(exc_type))
-    assert not errors.lost_contact(errors.WorkerLostError.of(1, "host-b", "gone"))  # already the cause
-    assert not errors.lost_contact(errors.ModelError("not compiled"))

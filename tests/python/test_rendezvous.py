@@ -12,7 +12,7 @@ import pytest
 from tfbarrier import rendezvous, settings
 from tfbarrier.driver_link import DriverLink, DriverServer
 from tfbarrier.errors import PortClashError
-from tfbarrier.job import port_clash_is_retryable
+from tfbarrier.faults import port_clash_is_retryable
 
 
 def test_a_reserved_port_cannot_be_taken_until_released():
