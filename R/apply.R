@@ -22,13 +22,16 @@
 #' @export
 spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = NULL, env = NULL, spark = NULL,
                            verbose = 1L) {
+  check_given(c("sdf", "f"))
   if (!is.function(f)) {
     tf_abort("f must be a function(df, barrier)", "InvalidArgumentError")
   }
-  sdf <- as_spark_dataframe(sdf, spark)
-  closure <- core$r_closure$RClosure(serialize(f, NULL))
   types <- NULL
   if (!is.null(columns)) {
+    if (!is.character(columns) || is.null(names(columns)) || !all(nzchar(names(columns)))) {
+      tf_abort("columns must be a named character vector of column types, e.g. c(rows = \"integer\")",
+               "InvalidArgumentError")
+    }
     arrow <- c(character = "string", integer = "int32", double = "float64", numeric = "float64", logical = "bool")
     unknown <- setdiff(columns, names(arrow))
     if (length(unknown)) {
@@ -37,6 +40,8 @@ spark_tf_apply <- function(sdf, f, num_workers = 2L, columns = NULL, timeout = N
     }
     types <- as.list(stats::setNames(unname(arrow[columns]), names(columns)))
   }
+  sdf <- as_spark_dataframe(sdf, spark)
+  closure <- core$r_closure$RClosure(serialize(f, NULL))
   result <- tf_call(core$apply(sdf, closure, num_workers = as_int(num_workers), columns = types, timeout = timeout,
                                env = env, verbose = as_int(verbose)))
   as.data.frame(result, stringsAsFactors = FALSE)

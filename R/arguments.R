@@ -30,6 +30,28 @@ choose_arg <- function(arg, choices, name = deparse(substitute(arg))) {
   choices[chosen]
 }
 
+# One non-empty string.
+is_string <- function(x) is.character(x) && length(x) == 1 && !is.na(x) && nzchar(x)
+
+# A path argument, expanded (~), or an InvalidArgumentError naming the argument.
+as_path <- function(path, name = deparse(substitute(path))) {
+  if (!is_string(path)) {
+    tf_abort(sprintf("%s must be a path (one string), got %s", name, paste(deparse(path), collapse = " ")),
+             "InvalidArgumentError")
+  }
+  path.expand(path)
+}
+
+# Refuse a call that leaves out any of `names`, arguments the calling function needs: R's own error
+# ("argument is missing, with no default") would carry none of tfbarrier's classes.
+check_given <- function(names, env = parent.frame()) {
+  absent <- names[vapply(names, function(name) eval(call("missing", as.name(name)), env), logical(1))]
+  if (length(absent)) {
+    tf_abort(sprintf("%s() needs %s", deparse(sys.call(-1)[[1]]), paste(absent, collapse = ", ")),
+             "InvalidArgumentError")
+  }
+}
+
 # Refuse anything but a fit (tf_save(), tf_export()).
 check_fit <- function(fit) {
   if (!inherits(fit, "tfbarrier_fit")) {

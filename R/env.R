@@ -21,7 +21,8 @@
 tf_env <- function(requirements = character(), workon_home = NULL, find_links = character(), index_url = NULL,
                    no_index = FALSE, system_site_packages = FALSE, archive = NULL) {
   if (!is.null(archive)) {
-    return(tf_call(core$PythonEnv$from_archive(path.expand(archive))))
+    archive <- as_path(archive)
+    return(tf_call(core$PythonEnv$from_archive(archive)))
   }
   tf_call(core$PythonEnv(
     requirements = as.list(requirements), workon_home = workon_home, find_links = as.list(find_links),

@@ -54,6 +54,7 @@
 #' @export
 spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 32L, num_workers = 2L, ...,
                          validation_data = NULL, spark = NULL) {
+  check_given(c("sdf", "model", "features", "label"))
   sdf <- as_spark_dataframe(sdf, spark)
   if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
   result <- tf_call(core$fit(
@@ -83,16 +84,25 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 #' @export
 spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
                              batch_size = 1024L, spark = NULL, layer = NULL) {
-  tbl <- sdf
-  sdf <- as_spark_dataframe(sdf, spark)
+  check_given(c("sdf", "fit"))
   model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit
-  if (is.null(features)) features <- fit$features
+  if (is.null(features)) {
+    if (!inherits(fit, "tfbarrier_fit")) {
+      tf_abort("features must name the feature column(s) when fit is a Keras model, not a tfbarrier_fit",
+               "InvalidArgumentError")
+    }
+    features <- fit$features
+  }
   if (is.null(layer)) {
     layer <- -2L
   } else if (is.numeric(layer)) {
-    if (length(layer) != 1 || layer < 1) tf_abort("layer must be a layer's name or its 1-based position", "InvalidArgumentError")
+    if (length(layer) != 1 || is.na(layer) || layer < 1) {
+      tf_abort("layer must be a layer's name or its 1-based position", "InvalidArgumentError")
+    }
     layer <- as_int(layer) - 1L
   }
+  tbl <- sdf
+  sdf <- as_spark_dataframe(sdf, spark)
   scored <- tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
                                  output = output, batch_size = as_int(batch_size), layer = layer))
   if (inherits(tbl, "tbl_spark")) scored <- back_to_sparklyr(scored, tbl)

@@ -14,6 +14,8 @@
 #'   its `pyspark` is installed, since tfbarrier's Python attaches to a sparklyr connection's driver only
 #'   with a `pyspark` of the same release (see [tf_spark_session()]). `NULL`: the newest `pyspark`.
 #' @return The path of the environment's Python, invisibly.
+#' @section Errors: What cannot be installed is an R error of class `"InstallError"` (a bad
+#'   `spark_version`: `"InvalidArgumentError"`), followed by `"TfBarrierError"` and `"tfbarrier_error"`.
 #' @export
 install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FALSE, extra_packages = NULL,
                               spark_version = NULL) {
@@ -25,6 +27,9 @@ install_tfbarrier <- function(envname = default_envname, python = NULL, gpu = FA
   }
   constraints <- c("numpy<2", "pandas<3", "pyarrow<26")
   if (is.null(python)) python <- unname(Sys.which("python3"))
+  if (!is_string(python)) {
+    tf_abort("no python3 on the PATH: pass python = the path of a Python (>= 3.9)", "InstallError")
+  }
   old <- prefer_python_libdir(python)  # pip, run from R, must load this Python's libraries
   on.exit(Sys.setenv(LD_LIBRARY_PATH = old), add = TRUE)
   if (!reticulate::virtualenv_exists(envname)) {

@@ -18,7 +18,10 @@
 #' @param ... Passed to `keras3::save_model()` for a Keras model.
 #' @return The path, invisibly.
 #' @export
-save_model <- function(model, filepath, ...) UseMethod("save_model")
+save_model <- function(model, filepath, ...) {
+  check_given(c("model", "filepath"))
+  UseMethod("save_model")
+}
 
 #' @rdname save_model
 #' @export
@@ -27,23 +30,31 @@ save_model.tfbarrier_fit <- function(model, filepath, ...) tf_save(model, filepa
 #' @rdname save_model
 #' @export
 save_model.default <- function(model, filepath, ...) {
+  if (!inherits(model, "python.builtin.object")) {
+    tf_abort(paste0("model must be a tfbarrier_fit or a Keras model, not ", class(model)[1]), "InvalidArgumentError")
+  }
   if (requireNamespace("keras3", quietly = TRUE)) return(keras3::save_model(model, filepath, ...))
-  tf_call(model$save(path.expand(filepath), ...))
+  expanded <- as_path(filepath)
+  tf_call(model$save(expanded, ...))
   invisible(filepath)
 }
 
 #' @rdname save_model
 #' @export
 tf_save <- function(fit, path) {
+  check_given(c("fit", "path"))
   check_fit(fit)
-  tf_call(fit$python$save(path.expand(path)))
+  expanded <- as_path(path)
+  tf_call(fit$python$save(expanded))
   invisible(path)
 }
 
 #' @rdname save_model
 #' @export
 tf_export <- function(fit, path) {
+  check_given(c("fit", "path"))
   check_fit(fit)
-  tf_call(fit$python$export(path.expand(path)))
+  expanded <- as_path(path)
+  tf_call(fit$python$export(expanded))
   invisible(path)
 }

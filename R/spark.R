@@ -16,6 +16,15 @@
 #' @export
 tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "tfbarrier", remote = NULL) {
   if (inherits(master, "spark_connection")) return(tf_spark_session(master))
+  if (!is_string(master)) {
+    tf_abort("master must be a Spark master URL such as \"local[2]\", or a sparklyr connection", "InvalidArgumentError")
+  }
+  if (!is.null(remote) && !is_string(remote)) {
+    tf_abort("remote must be a Spark Connect URL such as \"sc://host:15002\", or \"local[N]\"", "InvalidArgumentError")
+  }
+  if (length(config) && (is.null(names(config)) || !all(nzchar(names(config))))) {
+    tf_abort("config must be a named list of Spark settings", "InvalidArgumentError")
+  }
   python <- reticulate::py_config()$python
   if (!is.null(remote)) master <- remote
   local <- master == "local" || startsWith(master, "local[")
@@ -74,14 +83,9 @@ tf_spark_connect <- function(master = "local[2]", config = list(), app_name = "t
 #' @return A `pyspark.sql.DataFrame`.
 #' @export
 tf_spark_dataframe <- function(spark, data, format = "parquet", options = list()) {
+  check_given(c("spark", "data"))
   if (inherits(data, "python.builtin.object")) {
     return(data)
-  }
-  if (is.character(data) && length(data) == 1) {
-    if (identical(format, "binaryFile") && is.null(options$recursiveFileLookup)) options$recursiveFileLookup <- "true"
-    reader <- spark$read$format(format)
-    for (name in names(options)) reader <- reader$option(name, options[[name]])
-    return(tf_call(reader$load(data)))
   }
   if (inherits(data, "tbl_pyspark")) {
     # A Python-backed sparklyr connection (pysparklyr) holds a pyspark DataFrame already.
@@ -89,6 +93,17 @@ tf_spark_dataframe <- function(spark, data, format = "parquet", options = list()
   }
   if (inherits(data, "tbl_spark")) {
     return(tbl_spark_dataframe(spark, data))
+  }
+  if (!inherits(spark, "python.builtin.object")) {
+    tf_abort(paste0("spark must be a SparkSession (see tf_spark_connect()), not ", class(spark)[1]),
+             "InvalidArgumentError")
+  }
+  if (is.character(data) && length(data) == 1) {
+    if (!is_string(format)) tf_abort("format must be the name of a Spark data source", "InvalidArgumentError")
+    if (identical(format, "binaryFile") && is.null(options$recursiveFileLookup)) options$recursiveFileLookup <- "true"
+    reader <- spark$read$format(format)
+    for (name in names(options)) reader <- reader$option(name, options[[name]])
+    return(tf_call(reader$load(data)))
   }
   if (!is.data.frame(data)) {
     tf_abort(paste0("data must be a data.frame, a Parquet path or a pyspark DataFrame, not ",
@@ -136,7 +151,8 @@ column_array <- function(name, values) {
 #' }
 #' @export
 tf_collect <- function(sdf, arrays = c("matrix", "list")) {
-  arrays <- match.arg(arrays)
+  check_given("sdf")
+  arrays <- choose_arg(arrays, c("matrix", "list"))
   if (inherits(sdf, "tbl_spark")) {
     if (!requireNamespace("dplyr", quietly = TRUE)) tf_abort("a tbl_spark needs the dplyr package", "InvalidArgumentError")
     return(as.data.frame(dplyr::collect(sdf)))

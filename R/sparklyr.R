@@ -29,6 +29,7 @@
 #' }
 #' @export
 tf_spark_session <- function(sc) {
+  check_given("sc")
   if (!requireNamespace("sparklyr", quietly = TRUE)) {
     tf_abort("a sparklyr connection needs the sparklyr package", "InvalidArgumentError")
   }

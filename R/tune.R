@@ -30,6 +30,11 @@
 spark_tf_tune <- function(sdf, build_model, params, features, label, epochs = 1L, batch_size = 32L, ...,
                           validation_data = NULL, metric = "val_loss", mode = "auto", workers_per_trial = 1L,
                           max_concurrent = NULL, spark = NULL) {
+  check_given(c("sdf", "build_model", "params", "features", "label"))
+  if (!is.list(params)) {
+    tf_abort(paste0("params must be a data.frame or a list of named lists (one per trial), not ", class(params)[1]),
+             "InvalidArgumentError")
+  }
   sdf <- as_spark_dataframe(sdf, spark)
   if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
   if (is.data.frame(params)) params <- lapply(seq_len(nrow(params)), function(i) as.list(params[i, , drop = FALSE]))

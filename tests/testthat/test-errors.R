@@ -77,9 +77,38 @@ test_that("install_tfbarrier's spark_version picks that release's pyspark and re
 })
 
 test_that("errors R raises itself carry the documented classes", {
-  err <- expect_error(tf_save(list(), "m.keras"), "must be a tfbarrier_fit", class = "InvalidArgumentError")
-  expect_s3_class(err, "TfBarrierError")
-  expect_s3_class(err, "tfbarrier_error")
-  err <- expect_error(spark_tf_apply(data.frame(x = 1), "not a function"), class = "InvalidArgumentError")
-  expect_s3_class(err, "TfBarrierError")
+  expect_tf_error <- function(expr, message = NULL, class = "InvalidArgumentError") {
+    err <- expect_error(expr, message, class = class)
+    expect_s3_class(err, "TfBarrierError")
+    expect_s3_class(err, "tfbarrier_error")
+  }
+  fit <- structure(list(model = NULL, features = "pixels", python = NULL), class = "tfbarrier_fit")
+  expect_tf_error(tf_save(list(), "m.keras"), "must be a tfbarrier_fit")
+  expect_tf_error(tf_save(fit, 3), "path must be a path")
+  expect_tf_error(tf_export(fit), "tf_export\\(\\) needs path")
+  expect_tf_error(save_model(list(), "m.keras"), "must be a tfbarrier_fit or a Keras model")
+  expect_tf_error(spark_tf_apply(data.frame(x = 1), "not a function"), "f must be a function")
+  expect_tf_error(spark_tf_apply(data.frame(x = 1), function(df, barrier) df, columns = "integer"),
+                  "named character vector")
+  expect_tf_error(spark_tf_apply(data.frame(x = 1), function(df, barrier) df, columns = c(x = "complex")),
+                  "unknown column type")
+  expect_tf_error(spark_tf_fit(data.frame(x = 1), NULL), "spark_tf_fit\\(\\) needs features, label")
+  expect_tf_error(spark_tf_predict(data.frame(x = 1), list()), "features must name the feature column")
+  expect_tf_error(spark_tf_predict(data.frame(x = 1), fit, layer = NA_real_), "1-based position")
+  expect_tf_error(spark_tf_tune(data.frame(x = 1), function(p) NULL, "lr", features = "x", label = "y"),
+                  "params must be a data.frame")
+  expect_tf_error(predict(fit), "needs newdata")
+  expect_tf_error(predict(fit, matrix(1), type = "classes"),
+                  "type must be one of \"class\", \"probabilities\", \"raw\"")
+  expect_tf_error(predict(fit, list(pixels = 1)), "newdata must be a matrix or a data.frame")
+  expect_tf_error(predict(fit, matrix("a")), "must hold numbers")
+  expect_tf_error(predict(fit, data.frame(image = 1)), "newdata has no column\\(s\\) pixels", class = "ColumnError")
+  expect_tf_error(tf_collect(data.frame(x = 1), arrays = "vector"), "arrays must be one of")
+  expect_tf_error(tf_collect(), "tf_collect\\(\\) needs sdf")
+  expect_tf_error(tf_spark_connect(master = 2), "master must be a Spark master URL")
+  expect_tf_error(tf_spark_connect(config = list("a")), "config must be a named list")
+  expect_tf_error(tf_spark_dataframe(NULL, data.frame(x = 1)), "spark must be a SparkSession")
+  expect_tf_error(tf_spark_session(), "tf_spark_session\\(\\) needs sc")
+  expect_tf_error(tf_env(archive = c("a", "b")), "archive must be a path")
+  expect_tf_error(install_tfbarrier(python = ""), class = "InstallError")
 })
