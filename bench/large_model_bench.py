@@ -30,12 +30,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 import harness  # noqa: E402
+from memory_probes import PeakSampler, jvm_heap, process_mb, resident_mb  # noqa: E402
 
 harness.local_spark_env()
 
@@ -58,40 +58,6 @@ def data(rows=ROWS):
 
     rng = np.random.default_rng(0)
     return rng.random((rows, INPUT), dtype=np.float32), rng.integers(0, OUTPUTS, rows)
-
-
-class Peak:
-    """The peak resident memory (MB) of ``pid`` while it is entered, sampled every 50 ms."""
-
-    def __init__(self, pid):
-        import psutil
-
-        self.process, self.peak = psutil.Process(pid), 0.0
-        self._done = threading.Event()
-
-    def _sample(self):
-        while not self._done.is_set():
-            try:
-                self.peak = max(self.peak, self.process.memory_info().rss / 2**20)
-            except Exception:  # noqa: BLE001 - the process ended
-                return
-            self._done.wait(0.05)
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
-
-
-def resident_mb():
-    """(resident, peak resident) memory of this process in MB."""
-    with open("/proc/self/status") as f:
-        status = dict(line.split(":", 1) for line in f if ":" in line)
-    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
 
 
 # ---- the floor: python large_model_bench.py floor --model M --file F.keras --clock C ------------------
@@ -123,24 +89,6 @@ def floor(args):
 
 # ---- tfbarrier: python large_model_bench.py driver --model M --out O [--checkpoint-every N] -----------
 
-def jvm_heap(spark):
-    """(heap used, the heap pools' peak use since the last reset) in MB, and a function resetting the peaks."""
-    jvm = spark.sparkContext._jvm
-    management = jvm.java.lang.management.ManagementFactory
-    pools = [p for p in management.getMemoryPoolMXBeans() if str(p.getType()) == "Heap memory"]
-
-    def read():
-        used = management.getMemoryMXBean().getHeapMemoryUsage().getUsed() / 2**20
-        return used, sum(p.getPeakUsage().getUsed() for p in pools) / 2**20
-
-    def reset():
-        jvm.java.lang.System.gc()
-        for pool in pools:
-            pool.resetPeakUsage()
-
-    return read, reset
-
-
 def driver(args):
     import keras
     import psutil
@@ -167,13 +115,14 @@ def driver(args):
         heap_before, _ = read_heap()
         driver_before = psutil.Process().memory_info().rss / 2**20
         jvm_before = jvm.memory_info().rss / 2**20
-        with Peak(os.getpid()) as driver_peak, Peak(jvm.pid) as jvm_peak:
+        with PeakSampler(process_mb(os.getpid()), 0.05) as driver_peak, \
+                PeakSampler(process_mb(jvm.pid), 0.05) as jvm_peak:
             started = time.time()
             result = tfbarrier.fit(df, model, **fit_args)
             seconds = time.time() - started
         _, heap_peak = read_heap()
-        memory = {"driver_before_mb": driver_before, "driver_peak_mb": driver_peak.peak,
-                  "jvm_rss_before_mb": jvm_before, "jvm_rss_peak_mb": jvm_peak.peak,
+        memory = {"driver_before_mb": driver_before, "driver_peak_mb": driver_peak.peak_mb,
+                  "jvm_rss_before_mb": jvm_before, "jvm_rss_peak_mb": jvm_peak.peak_mb,
                   "heap_before_mb": heap_before, "heap_peak_mb": heap_peak}
         report["fits"].append(fit_record(result, seconds, memory, weights_before))
     if not report.get("refused"):

@@ -22,36 +22,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 import harness
+from memory_probes import PeakSampler, training_processes_mb
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 WIDTH, BATCH, BOUND_MB = 784, 1024, 512
 ROW_BYTES = WIDTH * 4 + 8
-
-
-class PeakSampler:
-    """The largest resident memory of any tfbarrier training process, sampled every 0.2 s."""
-
-    def __init__(self):
-        self.peak_mb = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self):
-        import psutil
-
-        while not self._stop.wait(0.2):
-            for proc in psutil.process_iter(["cmdline", "memory_info"]):
-                if "tfbarrier.training_process" in " ".join(proc.info["cmdline"] or []) and proc.info["memory_info"]:
-                    self.peak_mb = max(self.peak_mb, proc.info["memory_info"].rss / 2**20)
-
-    def stop(self):
-        self._stop.set()
-        self._thread.join()
-        return self.peak_mb
 
 
 def one(size_gb):
@@ -76,7 +53,7 @@ def one(size_gb):
         model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(64, activation="relu"),
                                   keras.layers.Dense(10)])
         model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        sampler = PeakSampler()
+        sampler = PeakSampler(training_processes_mb, 0.2).start()
         result = tfbarrier.fit(df, model, features="pixels", label="label", batch_size=BATCH, num_workers=2,
                                verbose=0)
         sampled = sampler.stop()
