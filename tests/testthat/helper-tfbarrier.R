@@ -21,3 +21,25 @@ digits_split <- function() {
   order <- sample(nrow(digits))
   list(train = digits[order[-(1:300)], ], held_out = digits[order[1:300], ])
 }
+
+# What `expr` drew, read back from its recorded display list: one element per panel (named by its title),
+# each a list of the series drawn there as points or lines (a legend's symbols left out), each a
+# data.frame of x and y.
+drawn_series <- function(expr) {
+  grDevices::pdf(NULL)
+  on.exit(grDevices::dev.off())
+  grDevices::dev.control("enable")
+  force(expr)
+  panels <- list()
+  for (op in grDevices::recordPlot()[[1]]) {
+    args <- op[[2]]
+    name <- args[[1]]$name
+    if (identical(name, "C_plot_new")) panels[[length(panels) + 1]] <- list()
+    if (identical(name, "C_title") && is.character(args[[2]])) names(panels)[length(panels)] <- args[[2]]
+    if (identical(name, "C_plotXY") && !identical(args[[3]], "p")) {
+      last <- length(panels)
+      panels[[last]][[length(panels[[last]]) + 1]] <- data.frame(x = args[[2]]$x, y = args[[2]]$y)
+    }
+  }
+  panels
+}

@@ -41,6 +41,9 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
   grDevices::dev.off()
   expect_gt(file.size(png_file), 1000)
   expect_equal(panels, c(loss = NA_character_, accuracy = NA_character_))  # no validation: no twins
+  drawn <- drawn_series(plot(fit))  # one series per panel: the metric's value at each epoch
+  expect_equal(drawn, list(loss = list(data.frame(x = 1:4, y = fit$history$loss)),
+                           accuracy = list(data.frame(x = 1:4, y = fit$history$accuracy))))
   expect_output(print(fit), "<tfbarrier fit: 2 workers, 4 epochs>")
   expect_output(print(fit), "worker 1 on .*: \\d+ rows")
 
@@ -124,6 +127,11 @@ test_that("validation_split, validation_data, class_weight, save_best; val_ colu
   panels <- plot(fit)
   grDevices::dev.off()
   expect_equal(panels, c(loss = "val_loss", accuracy = "val_accuracy"))  # each with its val_ twin
+  drawn <- drawn_series(plot(fit))
+  for (metric in c("loss", "accuracy")) {
+    expect_equal(drawn[[metric]], list(data.frame(x = 1:2, y = history[[metric]]),
+                                       data.frame(x = 1:2, y = history[[paste0("val_", metric)]])))
+  }
 
   held <- spark_tf_fit(data$train, tf_keras_cnn_example(c(8, 8, 1), learning_rate = 0.01), features = "pixels",
                        label = "digit", epochs = 2, batch_size = 64, num_workers = 2, seed = 1, verbose = 0,
@@ -178,4 +186,19 @@ test_that("a Spark ML vector column (VectorAssembler's: the JVM type ft_vector_a
   expect_error(spark_tf_fit(train, tf_keras_cnn_example(c(10, 10, 1)), features = "features", label = "digit",
                             num_workers = 2, spark = test_spark()),
                "vector column 'features' has vectors of size 64, but the model takes 100", class = "ColumnError")
+})
+
+test_that("plot() on a fit draws each metric per epoch, with its val_ twin where it was measured", {
+  history <- data.frame(epoch = 1:3, loss = c(2.3, 1.1, 0.7), accuracy = c(0.2, 0.6, 0.8),
+                        val_loss = c(NA, 1.3, 0.9), val_accuracy = c(NA, 0.5, 0.7))
+  fit <- structure(list(history = history), class = "tfbarrier_fit")
+  drawn <- drawn_series(panels <- plot(fit))
+  expect_equal(panels, c(loss = "val_loss", accuracy = "val_accuracy"))
+  expect_equal(drawn, list(
+    loss = list(data.frame(x = 1:3, y = c(2.3, 1.1, 0.7)), data.frame(x = 2:3, y = c(1.3, 0.9))),
+    accuracy = list(data.frame(x = 1:3, y = c(0.2, 0.6, 0.8)), data.frame(x = 2:3, y = c(0.5, 0.7)))
+  ))
+  fit$history <- history[c("epoch", "loss")]
+  expect_equal(drawn_series(panels <- plot(fit)), list(loss = list(data.frame(x = 1:3, y = c(2.3, 1.1, 0.7)))))
+  expect_equal(panels, c(loss = NA_character_))
 })
