@@ -5,7 +5,7 @@ barrier stage (stage.run)."""
 import random
 import time
 
-from . import checks, cluster, gpus, memory, parquet_source, stage, tracking, transfer
+from . import checks, cluster, fit_job, gpus, memory, parquet_source, stage, tracking, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .features import layout as features_layout
@@ -252,8 +252,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     class_weight = checks.class_weights(class_weight)
     validation_data, validation_split, validation_freq = checks.validation_arguments(
         validation_data, validation_split, validation_freq, features, label, sample_weight)
-    save_to, save_best, save_mode = checks.save_arguments(save_to, save_best, save_mode,
-                                                          validation_data is not None or validation_split)
+    save_to, save_best, save_mode = checks.save_arguments(
+        save_to, save_best, save_mode, fit_job.validates(validation_data is not None, validation_split))
     with transfer.JobFiles() as files:
         spec = ModelSpec.from_model(model, files)
         spec.check_loadable()
@@ -273,7 +273,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
             source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks,
             checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
             tensorboard_dir=tensorboard_dir, stall_timeout=stall_timeout, gpus=gpu_plan, env=env,
-            warm_start=cluster.warm_start(spark), started_at=started, validation_column=validation_data is not None,
+            spare_idle_timeout=cluster.spare_idle_timeout(spark), started_at=started,
+            has_validation_column=validation_data is not None,
             validation_split=validation_split, validation_freq=validation_freq, class_weight=class_weight,
             save_to=save_to, save_best=save_best, save_mode=save_mode, steps_per_execution=steps_per_execution,
             communication=communication, memory_check=memory.enabled(spark.conf.get),
@@ -316,7 +317,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     env, gpu_plan, _ = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
     with transfer.JobFiles() as files:
         job = RunJob(function=files.add_bytes("function.pkl", function), tf_threads=tf_threads, gpus=gpu_plan,
-                     env=env, warm_start=cluster.warm_start(spark), started_at=started)
+                     env=env, spare_idle_timeout=cluster.spare_idle_timeout(spark), started_at=started)
         frame = spark.range(0, num_workers, numPartitions=num_workers)
         results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
         return job.decode(results, files)
@@ -348,6 +349,6 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     with transfer.JobFiles() as files:
         job = ApplyJob(function=files.add_bytes("function.pkl", pickle_user_code(fn, fn)),
                        input_schema=to_arrow_schema(data.schema), output_schema=output_schema, gpus=gpu_plan,
-                       env=env, warm_start=cluster.warm_start(spark), started_at=started)
+                       env=env, spare_idle_timeout=cluster.spare_idle_timeout(spark), started_at=started)
         results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
         return job.decode(results, files)

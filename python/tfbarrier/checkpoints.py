@@ -30,6 +30,7 @@ import time
 import tensorflow as tf
 import tf_keras
 
+from . import atomic
 from .pacing import everyones
 
 STATE_DIR = "state"
@@ -86,10 +87,7 @@ class Checkpoints(tf_keras.callbacks.Callback):
 
     # ---- set-up and restore ---------------------------------------------------------------------
     def on_train_begin(self, logs=None):
-        model = self.model
-        optimizer = model.optimizer
-        if callable(getattr(optimizer, "build", None)) and not getattr(optimizer, "_built", False):
-            optimizer.build(model.trainable_variables)  # slots exist before a restore, as in BackupAndRestore
+        model, optimizer = self.model, self.model.optimizer  # its slots exist (optimizers.build): a restore fills them
         self._epoch = tf.Variable(-1, dtype=tf.int64, name="checkpoint_epoch")
         self._step = tf.Variable(-1, dtype=tf.int64, name="checkpoint_step")
         checkpoint = tf.train.Checkpoint(model=model, epoch=self._epoch, step=self._step,
@@ -149,9 +147,8 @@ class Checkpoints(tf_keras.callbacks.Callback):
             state = {"epoch": epoch, "step": step, "steps_done": done, "rows": done * self.batch_rows,
                      "metrics": metrics, "saved_at": time.time()}
             path = os.path.join(self.directory, f"ckpt-{done}.json")
-            with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+            with atomic.written_aside(path, "w", atomic.gfile(tf)) as f:
                 json.dump(state, f)
-            tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
         if self.is_chief or self._all_save:
             self._writer.save(checkpoint_number=done)
             if not self.is_chief:

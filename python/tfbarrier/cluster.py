@@ -21,6 +21,7 @@ from .settings import (
     SPARE_IDLE_CONF,
     SPARE_IDLE_TIMEOUT,
     WARM_START_CONF,
+    switched_on,
 )
 
 
@@ -41,6 +42,12 @@ def is_local_master(url):
     """True for ``local``/``local[N]`` master URLs: one JVM, every slot there from the start ("local-cluster"
     has executors of its own)."""
     return url == "local" or url.startswith("local[")
+
+
+def on_this_machine(url):
+    """True for master URLs whose executors all run on the driver's machine: ``local``, ``local[N]`` and
+    ``local-cluster[...]`` (several executor JVMs, still one machine's memory)."""
+    return is_local_master(url) or url.startswith("local-cluster[")
 
 
 def is_local_mode(spark):
@@ -71,10 +78,10 @@ def task_slots(spark):
     return jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile())
 
 
-def warm_start(spark):
+def spare_idle_timeout(spark):
     """How long the spare training process a task leaves waits for the next task (spares.py):
     spark.tfbarrier.spareIdleTimeout seconds (600), or 0 when spark.tfbarrier.warmStart is false."""
-    if str(spark.conf.get(WARM_START_CONF, "true")).strip().lower() == "false":
+    if not switched_on(spark.conf.get, WARM_START_CONF):
         return 0.0
     value = spark.conf.get(SPARE_IDLE_CONF, None)
     try:
@@ -90,12 +97,12 @@ def warm_start(spark):
 def direct_parquet(spark):
     """spark.tfbarrier.directParquet (default true): whether tasks read a plain Parquet scan themselves
     (parquet_source.py)."""
-    return str(spark.conf.get(DIRECT_PARQUET_CONF, "true")).strip().lower() != "false"
+    return switched_on(spark.conf.get, DIRECT_PARQUET_CONF)
 
 
 def driver_link_enabled(spark):
     """spark.tfbarrier.driverLink (default true): whether jobs open a link on the driver (driver_link.py)."""
-    return str(spark.conf.get(DRIVER_LINK_CONF, "true")).strip().lower() != "false"
+    return switched_on(spark.conf.get, DRIVER_LINK_CONF)
 
 
 def driver_host(spark):
@@ -176,6 +183,15 @@ def check_executor_python(spark):
         raise error
     if out.returncode == 0:
         _checked_pythons.add(resolved)
+
+
+def fits_at_once(spark, workers_per_fit, fits, most=None):
+    """How many of ``fits`` barrier jobs of ``workers_per_fit`` workers run at once: as many as the
+    cluster's slots hold (at least one, at most ``most``); ``most`` or one under Spark Connect, which
+    does not tell its slots. Refuses a cluster that cannot run one (check_barrier_capacity)."""
+    slots = check_barrier_capacity(spark, workers_per_fit)
+    room = (most or 1) if slots is None else min(max(1, slots // workers_per_fit), most or slots)
+    return max(1, min(room, fits))
 
 
 def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):

@@ -40,15 +40,35 @@ def strategy_options(tf, communication):
         **communication)
 
 
+def inner_optimizer(optimizer):
+    """The optimizer that updates the weights: ``optimizer``, or the one a LossScaleOptimizer wraps."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def _aggregation_hook(optimizer):
+    """The name of the attribute through which ``optimizer`` (past a LossScaleOptimizer) all-reduces its
+    gradients: a legacy tf_keras optimizer's ``gradient_aggregator``, a tf_keras optimizer's
+    ``aggregate_gradients``; None for one that has neither (Keras 3's)."""
+    optimizer = inner_optimizer(optimizer)
+    return next((hook for hook in ("gradient_aggregator", "aggregate_gradients") if hasattr(optimizer, hook)), None)
+
+
+def _wrap_aggregation(optimizer, wrapper):
+    """Put ``wrapper(aggregate)`` in place of ``optimizer``'s aggregation hook; False when it has none."""
+    hook, optimizer = _aggregation_hook(optimizer), inner_optimizer(optimizer)
+    if hook is None:
+        return False
+    setattr(optimizer, hook, wrapper(getattr(optimizer, hook)))
+    return True
+
+
 def all_reduce_in_pieces(model, communication):
     """Make ``model``'s optimizer all-reduce each gradient larger than a pack (``bytes_per_pack``) in
     pieces of one pack, then put it back together; bytes_per_pack=0 leaves it whole. Before fit traces
     the training step, which is when Keras reads the hook."""
     piece_bytes = (communication or {}).get("bytes_per_pack", PACK_BYTES)
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # past a LossScaleOptimizer
-    hook = "gradient_aggregator" if hasattr(optimizer, "gradient_aggregator") else "aggregate_gradients"
-    if piece_bytes and hasattr(optimizer, hook):
-        setattr(optimizer, hook, in_pieces(getattr(optimizer, hook), piece_bytes))
+    if piece_bytes:
+        _wrap_aggregation(model.optimizer, lambda aggregate: in_pieces(aggregate, piece_bytes))
 
 
 def compress_gradients(model, communication):
@@ -56,22 +76,18 @@ def compress_gradients(model, communication):
     fit traces the training step, which is when Keras reads the hook."""
     if (communication or {}).get("compression", "none") == "none":
         return
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)  # past a LossScaleOptimizer
-    if hasattr(optimizer, "gradient_aggregator"):  # tf_keras.optimizers.legacy
-        optimizer.gradient_aggregator = in_float16(optimizer.gradient_aggregator)
-    elif hasattr(optimizer, "aggregate_gradients"):
-        optimizer.aggregate_gradients = in_float16(optimizer.aggregate_gradients)
-    else:
+    if not _wrap_aggregation(model.optimizer, in_float16):
         raise ModelError(f"communication={{'compression': 'fp16'}} needs a tf_keras optimizer, whose gradient "
-                         f"aggregation it compresses; {type(optimizer).__name__} has none: drop compression")
+                         f"aggregation it compresses; {type(inner_optimizer(model.optimizer)).__name__} has none: "
+                         "drop compression")
 
 
 def in_effect(strategy, model):
     """What the gradients travel with, read back from TensorFlow (not fit's argument): the strategy's
     CommunicationOptions, and "fp16" when the optimizer's aggregation casts them to float16."""
     options = strategy.extended._communication_options  # tf.distribute has no public reader of them
-    optimizer = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-    hook = getattr(optimizer, "gradient_aggregator", None) or getattr(optimizer, "aggregate_gradients", None)
+    hook = _aggregation_hook(model.optimizer)
+    hook = hook and getattr(inner_optimizer(model.optimizer), hook)
     return {"implementation": options.implementation.name.lower(), "bytes_per_pack": options.bytes_per_pack,
             "timeout_seconds": options.timeout_seconds,
             "compression": getattr(hook, "compression", "none")}

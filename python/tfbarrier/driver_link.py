@@ -23,7 +23,7 @@ import socketserver
 import threading
 import time
 
-from . import settings
+from . import atomic, settings
 
 COPY_CHUNK = 2**20  # bytes read and written at a time while a file streams in
 
@@ -255,17 +255,11 @@ def fetch(endpoint, name, path):
 
 def _copy(source, path, size):
     """``size`` bytes of ``source`` (a binary reader) into a new file at ``path``, a chunk at a time."""
-    partial = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
-    try:
-        with open(partial, "wb") as f:
-            left = size
-            while left:
-                chunk = source.read(min(COPY_CHUNK, left))
-                if not chunk:
-                    raise ConnectionError(f"the connection closed {size - left} of {size} bytes into {path!r}")
-                f.write(chunk)
-                left -= len(chunk)
-        os.replace(partial, path)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
+    with atomic.written_aside(path) as f:
+        left = size
+        while left:
+            chunk = source.read(min(COPY_CHUNK, left))
+            if not chunk:
+                raise ConnectionError(f"the connection closed {size - left} of {size} bytes into {path!r}")
+            f.write(chunk)
+            left -= len(chunk)

@@ -19,6 +19,11 @@ from .job import Job
 VALIDATION_COLUMN = "__tfbarrier_validation"  # with validation_data: True for its rows in the stage's frame
 
 
+def validates(has_validation_data, validation_split):
+    """Whether a fit validates: it was given validation_data, or a validation_split above 0."""
+    return bool(has_validation_data or validation_split)
+
+
 @dataclasses.dataclass
 class FitJob(Job):
     """``fit``: what to train (the model, which columns), how (epochs, batch, shuffling, callbacks)
@@ -38,7 +43,7 @@ class FitJob(Job):
     checkpoint_dir: str = None  # the training state (checkpoints.py) and the epoch log, shared by every worker
     checkpoint_every: tuple = None  # ("steps", n) or ("seconds", s): save within epochs too (checkpoints.py)
     tensorboard_dir: str = None  # the chief's TensorBoard logs
-    validation_column: bool = False  # the partitions carry VALIDATION_COLUMN: validation_data's rows
+    has_validation_column: bool = False  # the partitions carry VALIDATION_COLUMN: validation_data's rows
     validation_split: float = None  # the fraction of each partition held out for validation
     validation_freq: int = 1  # validate after every this many epochs
     class_weight: dict = None  # {class id: weight} for training
@@ -51,7 +56,7 @@ class FitJob(Job):
 
     @property
     def validates(self):
-        return self.validation_column or bool(self.validation_split)
+        return validates(self.has_validation_column, self.validation_split)
 
     # ---- in the task ----
     def write_input(self, batches, path, index):
@@ -69,7 +74,7 @@ class FitJob(Job):
         """The function marking the validation rows of each Spark batch, or None without validation.
         validation_split draws them from a generator seeded by (seed, worker): a partition that comes
         in the same order holds out the same rows on every attempt."""
-        if self.validation_column:
+        if self.has_validation_column:
             return lambda batch: batch.column(VALIDATION_COLUMN)
         if self.validation_split:
             draws = np.random.default_rng([self.seed or 0, index])

@@ -17,7 +17,7 @@ import cloudpickle
 import tensorflow as tf
 import tf_keras
 
-from . import communication, evaluation, memory, optimizers, pacing, protocol, saving, shards
+from . import atomic, communication, evaluation, memory, optimizers, pacing, protocol, saving, shards
 from .checkpoints import Checkpoints, resume_point, start_of
 from .errors import ColumnError
 from .faults import port_clash_is_retryable
@@ -236,10 +236,8 @@ class EpochLog(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
         if self.path and self.is_chief:
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
+            with atomic.written_aside(self.path, "w") as f:
                 json.dump(self.epochs, f)
-            os.replace(tmp, self.path)
 
 
 def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None):

@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from . import checks, cluster, driver_link, shards, transfer
+from . import atomic, checks, cluster, driver_link, shards, transfer
 from .attach import is_attached
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
 from .features import check_width
@@ -199,10 +199,8 @@ def _weights_file(scoring):
         os.utime(path)
         return path
     if "broadcast" in scoring:
-        partial = f"{path}.part-{os.getpid()}"
-        with open(partial, "wb") as f:
+        with atomic.written_aside(path) as f:
             f.write(scoring["broadcast"].value)
-        os.replace(partial, path)
     else:
         endpoint = scoring["endpoint"]
         try:

@@ -38,7 +38,7 @@ class Job:
     gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
     env: object = None  # environment.PythonEnv of the training process; None: the executor's own Python
-    warm_start: float = settings.SPARE_IDLE_TIMEOUT  # take a spare, leave one that waits this long; 0: none
+    spare_idle_timeout: float = settings.SPARE_IDLE_TIMEOUT  # take a spare, leave one that waits this long; 0: none
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
     link: dict = None  # the driver's link (driver_link.py): host, port, token; None: none

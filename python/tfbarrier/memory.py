@@ -24,8 +24,9 @@ how many workers share the host. ``spark.tfbarrier.memoryCheck=false`` turns bot
 import dataclasses
 import re
 
+from .communication import inner_optimizer
 from .errors import ModelError
-from .settings import MEMORY_CHECK_CONF
+from .settings import MEMORY_CHECK_CONF, switched_on
 
 TENSORFLOW_BYTES = 650 * 2**20  # a training process with TensorFlow, tf_keras and a strategy, before any model
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
@@ -35,7 +36,7 @@ MIB = 2**20
 
 def optimizer_slots(optimizer):
     """Copies of each trainable weight ``optimizer`` (Keras 3 or tf_keras) keeps."""
-    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # past a LossScaleOptimizer
+    optimizer = inner_optimizer(optimizer)
     name = type(optimizer).__name__
     try:
         config = optimizer.get_config()
@@ -124,7 +125,7 @@ def available_bytes():
 
 
 def enabled(conf_get):
-    return str(conf_get(MEMORY_CHECK_CONF, "true")).strip().lower() != "false"
+    return switched_on(conf_get, MEMORY_CHECK_CONF)
 
 
 def executor_budget(spark, num_workers):
@@ -153,7 +154,7 @@ def executor_budget(spark, num_workers):
         return (budget // tasks_per_executor,
                 f"spark.executor.pyspark.memory is {pyspark_memory} for {tasks_per_executor} task(s) per executor",
                 "raise spark.executor.pyspark.memory")
-    if master.startswith("local"):
+    if cluster.on_this_machine(master):
         available = available_bytes()
         if available is None:
             return None

@@ -113,9 +113,7 @@ class KerasEstimator(Estimator, _ScoringParams, HasLabelCol, HasSeed, HasWeightC
         several threads (what CrossValidator and TrainValidationSplit expect)."""
         estimators = [self.copy(params) for params in paramMaps]
         workers = max(estimator.getOrDefault(estimator.numWorkers) for estimator in estimators) if estimators else 1
-        slots = cluster.check_barrier_capacity(dataset.sparkSession, workers)
-        concurrency = max(1, min(len(estimators), 1 if slots is None else slots // workers))
-        return _Finished(dataset, estimators, concurrency)
+        return _Finished(dataset, estimators, cluster.fits_at_once(dataset.sparkSession, workers, len(estimators)))
 
 
 class _Finished:

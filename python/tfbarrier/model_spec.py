@@ -76,15 +76,6 @@ def save_archive(model):
             return f.read()
 
 
-def load_archive(archive, flavor):
-    """A model from ``.keras`` archive bytes, loaded by the Keras that saved it."""
-    with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
-        path = os.path.join(tmp, "model.keras")
-        with open(path, "wb") as f:
-            f.write(archive)
-        return keras_module(flavor).models.load_model(path)
-
-
 def _dtype_name(variable):
     return getattr(variable.dtype, "name", variable.dtype)
 

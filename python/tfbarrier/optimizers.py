@@ -24,15 +24,10 @@ from . import communication
 FUSED_DTYPES = (tf.float32, tf.float64)
 
 
-def inner(model):
-    """The optimizer that updates the weights: past a LossScaleOptimizer."""
-    return getattr(model.optimizer, "inner_optimizer", model.optimizer)
-
-
 def build(model, strategy):
     """Make ``model``'s optimizer's slots now (tf_keras's optimizers; a legacy one makes its slots as it
     goes), without plain SGD's unused momentum."""
-    optimizer, variables = inner(model), model.trainable_variables
+    optimizer, variables = communication.inner_optimizer(model.optimizer), model.trainable_variables
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         return
     with communication.initial_values_local(strategy):
@@ -46,7 +41,7 @@ def build(model, strategy):
 
 def fuse_updates(model):
     """Make ``model``'s optimizer apply its dense updates in TensorFlow's fused kernels (SGD and Adam)."""
-    optimizer = inner(model)
+    optimizer = communication.inner_optimizer(model.optimizer)
     kernel = {tf_keras.optimizers.SGD: _sgd, tf_keras.optimizers.Adam: _adam}.get(type(optimizer))
     if kernel is None or optimizer.jit_compile:
         return

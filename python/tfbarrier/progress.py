@@ -10,6 +10,14 @@ import sys
 import warnings
 
 
+def samples_per_second(mark, now, steps, global_batch):
+    """The chief's training rate since ``mark`` (the received_at time and steps of an earlier report) at
+    ``steps`` received ``now``; None before two reports apart in time, or without a global batch."""
+    if not mark or not global_batch or now <= mark[0] or steps <= mark[1]:
+        return None
+    return (steps - mark[1]) * global_batch / (now - mark[0])
+
+
 class ProgressUnavailableWarning(UserWarning):
     """No worker could send progress to the driver (a firewall between executors and driver?)."""
 
@@ -53,9 +61,8 @@ class ProgressDisplay:
         now = message["received_at"]
         if self._first is None and steps:
             self._first = (now, steps)
-        elif self._first and self.global_batch and now > self._first[0]:
-            rate = (steps - self._first[1]) * self.global_batch / (now - self._first[0])
-            postfix["samples/s"] = f"{rate:,.0f}"
+        elif samples_per_second(self._first, now, steps, self.global_batch) is not None:
+            postfix["samples/s"] = f"{samples_per_second(self._first, now, steps, self.global_batch):,.0f}"
         self._bar.set_postfix(postfix, refresh=False)
         if message.get("epoch") is not None and message.get("logs"):
             metrics = "  ".join(f"{k} {v:.4f}" for k, v in message["logs"].items())

@@ -17,6 +17,7 @@ import os
 import tensorflow as tf
 import tf_keras
 
+from . import atomic
 from .errors import ModelError
 from .model_spec import save_archive
 from .ranking import better
@@ -125,6 +126,5 @@ def _write(directory, name, data):
     """``data`` as ``directory/name`` on any file system tf.io.gfile reaches: written aside, then renamed
     into place (atomic on local and POSIX file systems; object stores copy)."""
     path = os.path.join(directory, name)
-    with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
+    with atomic.written_aside(path, "wb", atomic.gfile(tf)) as f:
         f.write(data)
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)

@@ -14,6 +14,11 @@ DRIVER_LINK_CONF = "spark.tfbarrier.driverLink"  # false: no link; models and re
 MEMORY_CHECK_CONF = "spark.tfbarrier.memoryCheck"  # false: no refusal of models that cannot fit (memory.py)
 ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: jobs need allow_unencrypted
 
+
+def switched_on(conf_get, key):
+    """A spark.tfbarrier.* switch (``conf_get``: a session's ``spark.conf.get``): on unless set to false."""
+    return str(conf_get(key, "true")).strip().lower() != "false"
+
 # ---- environment variables -----------------------------------------------------------------------
 # Set in every training process. TF_USE_LEGACY_KERAS makes `tf.keras` tf_keras, which works with
 # MultiWorkerMirroredStrategy (Keras 3 does not, see keras_compat). TensorFlow's C++ start-up banners

@@ -55,7 +55,7 @@ def _written_event(written):
 
 def _training_process(job, python, env):
     """A spare of this executor that matches (TensorFlow already imported), else a fresh process."""
-    spare = spares.take(python, env) if job.warm_start else None
+    spare = spares.take(python, env) if job.spare_idle_timeout else None
     return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
 
@@ -125,8 +125,8 @@ def _run(job, context, batches, workdir, link):
                                          settings.PEER_PROBE_TIMEOUT) from None
         report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
         process.stop(grace=settings.EXIT_GRACE)
-    if job.warm_start:
-        spares.leave(python, env, idle_timeout=job.warm_start)
+    if job.spare_idle_timeout:
+        spares.leave(python, env, idle_timeout=job.spare_idle_timeout)
     sending = time.time()
     files = transfer.send_back(report.files, link, workdir, index)
     sent = {"sent_bytes": sum(p.size for p in files.values()), "send_seconds": time.time() - sending}

@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 
+from .progress import samples_per_second
 from .tracking_models import installed_version, log_model
 from .tracking_runs import (TAG_LIMIT, end_run, end_status, error_summary, log_params, run_tags, start_run,
                             warn_not_taken)
@@ -27,7 +28,7 @@ def fit_params(job, **arguments):
     layout = job.layout
     return {**{name: getattr(job, name) for name in FIT_PARAMS},
             "features": list(layout.features), "label": layout.label, "sample_weight": layout.weight,
-            "validation_data": job.validation_column, "model_kind": job.model.flavor, **arguments,
+            "validation_data": job.has_validation_column, "model_kind": job.model.flavor, **arguments,
             "tfbarrier_version": __version__,
             "tensorflow_version": installed_version("tensorflow", "tensorflow-cpu")}
 
@@ -90,7 +91,7 @@ class FitRun:
         self.run_id, self.owned = start_run(target)
         self.batch_size = batch_size
         self.logged_steps = set()  # epochs (from 1) handed to the writer as they came
-        self._mark = None  # (steps, time) of the chief's report the next epoch's samples/s counts from
+        self._mark = None  # (time, steps) of the chief's report the next epoch's samples/s counts from
         log_params(self.client, self.run_id, {**params, **described})
         self._writer = _MetricWriter(self.client, self.run_id)
 
@@ -98,14 +99,15 @@ class FitRun:
         """A progress message of the chief (from the driver link's thread): an epoch's end logs its
         metrics and the samples per second since the previous report it counts from."""
         steps, at = message.get("steps", 0), message["received_at"]
-        if steps and (self._mark is None or steps < self._mark[0]):  # the first step report (of an attempt)
-            self._mark = (steps, at)
+        if steps and (self._mark is None or steps < self._mark[1]):  # the first step report (of an attempt)
+            self._mark = (at, steps)
         if message.get("epoch") is None or not message.get("logs"):
             return
         values = dict(message["logs"])
-        if self.batch_size and self._mark and steps > self._mark[0] and at > self._mark[1]:
-            values["samples_per_second"] = (steps - self._mark[0]) * self.batch_size / (at - self._mark[1])
-        self._mark = (steps, at)
+        rate = samples_per_second(self._mark, at, steps, self.batch_size)
+        if rate is not None:
+            values["samples_per_second"] = rate
+        self._mark = (at, steps)
         step = message["epoch"] + 1
         self.logged_steps.add(step)
         self._writer.put(step, values, at)

@@ -19,6 +19,7 @@ import time
 
 from . import checks, cluster, tracking
 from .errors import InvalidArgumentError, TrialsFailedError
+from .fit_job import validates
 from .progress import SearchBar
 from .ranking import best_mode, better
 
@@ -259,19 +260,15 @@ def check_arguments(data, build_model, params, n_trials, metric, mode, workers_p
         raise InvalidArgumentError(f"metric must be the name of a metric such as 'val_loss', got {metric!r}")
     mode = best_mode(metric, mode, "mode")
     trials = trial_source(params, n_trials, mode)
-    validates = fit_kwargs.get("validation_data") is not None or fit_kwargs.get("validation_split")
-    if metric.startswith("val_") and not validates:
+    if metric.startswith("val_") and not validates(fit_kwargs.get("validation_data") is not None,
+                                                   fit_kwargs.get("validation_split")):
         raise InvalidArgumentError(f"metric={metric!r} is a validation metric: pass validation_data= or "
                                    "validation_split=, or rank the trials by a training metric such as 'loss'")
     workers_per_trial = checks.positive_int("workers_per_trial", workers_per_trial)
     max_concurrent = checks.positive_int("max_concurrent", max_concurrent, allow_none=True)
     checks.no_unknown_arguments("tune", {k: v for k, v in fit_kwargs.items()
                                              if k not in _fit_parameters(fit)}, fit)
-    slots = cluster.check_barrier_capacity(data.sparkSession, workers_per_trial)
-    if slots is None:  # Spark Connect does not tell: max_concurrent, or one at a time
-        return trials, mode, min(max_concurrent or 1, trials.total)
-    concurrency = max(1, slots // workers_per_trial)
-    return trials, mode, min(concurrency, max_concurrent or concurrency, trials.total)
+    return trials, mode, cluster.fits_at_once(data.sparkSession, workers_per_trial, trials.total, max_concurrent)
 
 
 def _fit_parameters(fit):

@@ -1,0 +1,32 @@
+"""Files written aside and renamed into place once whole, so that a reader (another worker, a resumed
+attempt, a concurrent task) never sees half a file and a failed write leaves the old one. Standard library
+only; a training process passes TensorFlow's file systems (``gfile``) to reach object stores and HDFS."""
+
+import contextlib
+import os
+import threading
+import types
+
+LOCAL = types.SimpleNamespace(open=open, rename=os.replace, exists=os.path.exists, remove=os.unlink)
+
+
+def gfile(tf):
+    """TensorFlow's file systems (any path tf.io.gfile reaches), for ``written_aside``'s ``fs``. A rename
+    is atomic on local and POSIX file systems; object stores copy."""
+    io = tf.io.gfile
+    return types.SimpleNamespace(open=io.GFile, rename=lambda a, b: io.rename(a, b, overwrite=True),
+                                 exists=io.exists, remove=io.remove)
+
+
+@contextlib.contextmanager
+def written_aside(path, mode="wb", fs=LOCAL):
+    """A file open for writing beside ``path`` (``mode``: "wb" or "w"); once the block ends it replaces
+    ``path``. When the block fails, ``path`` is untouched and the scratch file removed."""
+    scratch = f"{path}.part-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with fs.open(scratch, mode) as f:
+            yield f
+        fs.rename(scratch, path)
+    finally:
+        if fs.exists(scratch):
+            fs.remove(scratch)
