@@ -31,11 +31,11 @@ import tensorflow as tf
 import tf_keras
 
 from . import atomic
+from .settings import CHECKPOINT_DECIDE_AT_CALL
 from .pacing import everyones
 
 STATE_DIR = "state"
 MAX_KEPT = 1  # checkpoints kept (and their .json)
-DECIDE_AT_CALL = 10  # checkpoint_every in seconds: the call at whose end the step count is agreed
 
 
 def _state_dir(checkpoint_dir):
@@ -119,7 +119,8 @@ class Checkpoints(tf_keras.callbacks.Callback):
         if self._pending_metrics is not None:  # the resumed epoch's first call: add the saved sums back
             self._add_metrics(self._pending_metrics)
             self._pending_metrics = None
-        if self.every and self.every[0] == "seconds" and self.every_steps is None and self._calls == DECIDE_AT_CALL:
+        seconds_mode = self.every and self.every[0] == "seconds"
+        if seconds_mode and self.every_steps is None and self._calls == CHECKPOINT_DECIDE_AT_CALL:
             self.every_steps = self._agreed_steps(batch)
         if self.every_steps and batch + 1 < self.steps_per_epoch:
             done = self._epoch_now * self.steps_per_epoch + batch + 1

@@ -19,7 +19,9 @@ from .settings import (
     EXECUTOR_PYTHON_PROBE_TIMEOUT,
     SLOT_WAIT,
     SPARE_IDLE_CONF,
+    FILE_POLL,
     SPARE_IDLE_TIMEOUT,
+    SPARK_POLL,
     WARM_START_CONF,
     switched_on,
 )
@@ -215,7 +217,7 @@ def check_barrier_capacity(spark, num_workers, wait=SLOT_WAIT):
         )
         return None
     while slots < num_workers and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(SPARK_POLL)
         slots = task_slots(spark)
     if slots < num_workers:
         raise ClusterError(
@@ -318,7 +320,7 @@ def wait_until_tasks_end(spark, group, timeout, lost_hosts=()):
     while _active_tasks(tracker, group) > tasks_running_on(spark, lost_hosts):
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.2)
+        time.sleep(FILE_POLL)
     return True
 
 

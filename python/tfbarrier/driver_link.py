@@ -202,7 +202,7 @@ class DriverLink:
                     elif self._closed.is_set():
                         return
                     else:
-                        time.sleep(0.2)
+                        time.sleep(settings.FILE_POLL)
 
         thread = threading.Thread(target=run, name="tfbarrier-log-follower", daemon=True)
         thread.start()

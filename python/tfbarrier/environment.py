@@ -26,12 +26,12 @@ import sysconfig
 import tempfile
 import time
 
+from . import settings
 from .errors import EnvironmentBuildError, InvalidArgumentError
 from .settings import BUILD_TIMEOUT, WORKON_HOME_ENV
 
 MARKER = "tfbarrier-env.json"
 BUILD_LOG = "tfbarrier-builds.log"
-PIP_TAIL_LINES = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +113,7 @@ class _Lock:
                     self.file.close()
                     raise EnvironmentBuildError(f"waited {self.timeout} s for another task's environment build "
                                                 f"({self.path}) on {socket.gethostname()}") from None
-                time.sleep(0.2)
+                time.sleep(settings.FILE_POLL)
 
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
@@ -145,7 +145,7 @@ def _build(env, building, host):
         raise EnvironmentBuildError(f"pip ran over {BUILD_TIMEOUT} s on {host} installing {list(env.requirements)}",
                                     host=host) from exc
     if out.returncode != 0:
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-PIP_TAIL_LINES:])
+        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-settings.PIP_TAIL_LINES:])
         raise EnvironmentBuildError(
             f"building the environment on {host} failed: pip could not install {list(env.requirements)} "
             f"(pip options {env.options()}); last lines of pip's output:\n{tail}",

@@ -17,6 +17,7 @@ import signal
 from . import errors
 from .errors import (ClusterError, DriverUnreachableError, PortClashError, TfBarrierError, WorkerError,
                      WorkerLostError)
+from .settings import PORT_CLASH_ATTEMPTS
 
 # ---- the training process's exit codes ----------------------------------------------------------------
 EXIT_OK = 0
@@ -233,9 +234,6 @@ class Next(enum.Enum):
     RETRY = "run again (one of max_retries)"
     RETRY_WHEN_SLOTS = "run again once the cluster has room for every worker (one of max_retries)"
     RAISE = "give up: raise the error"
-
-
-PORT_CLASH_ATTEMPTS = 3  # attempts a job gets when a port is taken under it, outside max_retries
 
 
 @dataclasses.dataclass

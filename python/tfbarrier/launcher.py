@@ -19,7 +19,6 @@ from . import faults, protocol, settings
 from .errors import WorkerError, WorkerStalledError
 from .protocol import LOG_FILE
 
-LOG_TAIL_LINES = 40
 
 
 def _prctl(option, value):
@@ -37,7 +36,7 @@ def name_process(name):
     _prctl(15, ctypes.c_char_p(name.encode()[:15]))  # PR_SET_NAME
 
 
-def log_tail(workdir, lines=LOG_TAIL_LINES):
+def log_tail(workdir, lines=settings.LOG_TAIL_LINES):
     if workdir is None:
         return ""
     try:
@@ -132,7 +131,7 @@ class TrainingProcess:
         armed = armed_by is None
         while True:
             try:
-                message = self.channel.poll(0.5)
+                message = self.channel.poll(settings.CHANNEL_POLL)
             except EOFError:  # the process is ending: why, its exit status says (a spare's keeper reports it)
                 self._wait_for_exit()
                 raise self.failure() from None
@@ -179,7 +178,7 @@ class TrainingProcess:
         self.send_signal(protocol.STACKS_SIGNAL)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(settings.STACKS_POLL)
             grown, size = size, os.path.getsize(path)
             if size > before and size == grown:
                 break

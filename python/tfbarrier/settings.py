@@ -1,4 +1,5 @@
-"""Every timeout and environment variable of tfbarrier, and its own Spark settings, in one place.
+"""Every timeout, poll period, limit and environment variable of tfbarrier, and its own Spark settings,
+in one place.
 
 Times are in seconds. A user bounds a job through the arguments of ``fit``, ``run`` and ``apply``
 (``timeout``; ``stall_timeout`` for ``fit``); the rest are fixed limits that only a stuck cluster
@@ -56,3 +57,17 @@ RENDEZVOUS_WAIT = 30.0  # from a rendezvous' first arrival until every task fall
 BUILD_TIMEOUT = 1800  # for one pip run, and for waiting on another task's environment build
 PEER_PROBE_TIMEOUT = 2.0  # for a peer's host to answer a worker whose collective aborted, before it counts as lost
 REPLACEMENT_WAIT = 60.0  # before a retry after a lost worker, for the cluster to have num_workers free slots again
+
+# ---- how often a wait looks again, seconds -------------------------------------------------------
+SPARK_POLL = 0.5  # Spark's state: its slots, its running tasks (each look is a JVM call)
+FILE_POLL = 0.2  # a file another process writes (a log, a lock), the tasks of an interrupted job
+CHANNEL_POLL = 0.5  # a training process's channel, between the watchdog's looks at its clocks
+STACKS_POLL = 0.1  # a stalled process's output, until its stacks stop growing
+
+# ---- limits --------------------------------------------------------------------------------------
+PORT_CLASH_ATTEMPTS = 3  # attempts a job gets when a port is taken under it, outside max_retries
+LOG_TAIL_LINES = 40  # lines of a failed training process's output its error carries
+PIP_TAIL_LINES = 30  # lines of pip's output an EnvironmentBuildError carries
+# checkpoint_every in seconds: at the end of this call into TensorFlow the workers agree on the steps
+# between checkpoints that the seconds come to (checkpoints.py).
+CHECKPOINT_DECIDE_AT_CALL = 10

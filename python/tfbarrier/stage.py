@@ -17,7 +17,7 @@ import time
 
 from . import cluster, driver_link, faults, progress, protocol, rendezvous, task, transfer
 from .errors import ClusterError, JobTimeoutError, TfBarrierError, WorkerLostError
-from .settings import CANCEL_GRACE, REPLACEMENT_WAIT
+from .settings import CANCEL_GRACE, REPLACEMENT_WAIT, SPARK_POLL
 
 def _text(exc):
     """The exception's message; a Py4J error whose JVM side cannot be asked any more has none."""
@@ -136,7 +136,7 @@ def _wait_for_slots(spark, num_workers, error, deadline, attempts):
     until = time.monotonic() + wait
     lost = {error.host} if error.host else set()
     while cluster.tasks_running_on(spark, lost) and time.monotonic() < until:
-        time.sleep(0.5)
+        time.sleep(SPARK_POLL)
     try:
         if cluster.tasks_running_on(spark, lost):
             raise ClusterError(f"Spark still counts a task on {error.host} as running, on an executor it cannot "
