@@ -106,7 +106,8 @@ class FitJob(Job):
     # ---- back on the driver ----
     def attempt_fields(self, results):
         """Where the attempt started: initial_epoch (> 0 when it resumed) and resumed_at."""
-        return {"initial_epoch": results[0].initial_epoch, "resumed_at": results[0].resumed_at}
+        chief = results[0].output
+        return {"initial_epoch": chief.initial_epoch, "resumed_at": chief.resumed_at}
 
     def decode(self, results, files):
         """The path of the chief's trained model: its weights, or a model function's .keras archive."""

@@ -86,26 +86,28 @@ def train(job, config, channel):
     files, checksum = _write_trained(job, model, workdir, index == 0)
     timings["trained_model_written"] = time.time() - started
     finished_at, (_, peak_mb) = time.time(), resident_mb()
-    output = None
-    if index == 0:
-        output = FitOutput(history=_history(epoch_log.epochs))
-        if len(epoch_log.epochs) < job.epochs:  # a callback (EarlyStopping...) stopped the training
-            output.stopped_epoch = len(epoch_log.epochs) - 1
-        if saver is not None:
-            output.saved = [{"epoch": epoch, "path": os.path.join(job.save_to, name)} for epoch, name in saver.saved()]
-    if saves is not None:
-        timings["checkpoints"] = saves.save_seconds
-    return ProcessReport(
-        timings=timings, python_prefix=sys.prefix, steps=progress.steps, checksum=checksum,
+    output = FitOutput(
+        steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at,
         memory={"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb, "peak_mb": peak_mb},
-        first_step_at=progress.first_step_at, finished_at=finished_at,
-        initial_epoch=epoch_log.initial_epoch or 0, output=output, files=files,
+        initial_epoch=epoch_log.initial_epoch or 0,
         resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, config["steps_per_epoch"])),
                                    steps_done=resume["steps_done"]),
-        checkpoint_saves=saves and saves.saves,
-        steps_per_execution=int(model.steps_per_execution.numpy()),
-        communication=communication.in_effect(strategy, model),
-    )
+        checkpoint_saves=saves and saves.saves, steps_per_execution=int(model.steps_per_execution.numpy()),
+        communication=communication.in_effect(strategy, model))
+    if index == 0:
+        _chiefs_output(output, job, epoch_log, saver)
+    if saves is not None:
+        timings["checkpoints"] = saves.save_seconds
+    return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output, files=files)
+
+
+def _chiefs_output(output, job, epoch_log, saver):
+    """Add what only the chief reports to its ``output``: the history, an early stop, the saved models."""
+    output.history = _history(epoch_log.epochs)
+    if len(epoch_log.epochs) < job.epochs:  # a callback (EarlyStopping...) stopped the training
+        output.stopped_epoch = len(epoch_log.epochs) - 1
+    if saver is not None:
+        output.saved = [{"epoch": epoch, "path": os.path.join(job.save_to, name)} for epoch, name in saver.saved()]
 
 
 def _steps_between_checkpoints(job):

@@ -4,73 +4,99 @@
 import dataclasses
 
 
+# Every key of a fit's ``timings``, in seconds: where it is measured, what it covers.
+TIMINGS = {
+    "prepare": "driver: from the call to submitting the stage (the checks, the data's profile included)",
+    "stage_start": "driver: from submitting the stage to the chief's task starting (Spark's scheduling, any shuffle)",
+    "environment": "task: building or finding the training process's Python environment (env=)",
+    "data_shard": "task: streaming the partition to the shard, while the training process imports TensorFlow",
+    "worker_start": "task: from starting the training process (or taking a spare) to its port",
+    "files_fetched": "task: from its start until the job's files (the model's weights) arrived",
+    "rendezvous": "task: the peers meeting",
+    "tensorflow_import": "process: importing TensorFlow (0 for a spare, which had imported it)",
+    "strategy_and_model": "process: the strategy, the model rebuilt in its scope, the datasets",
+    "first_step": "process: from model.fit's call to the first step's end",
+    "training": "process: model.fit",
+    "checkpoints": "process: saving checkpoints (checkpoint_dir), within training",
+    "trained_model_written": "process: writing the trained weights for the driver",
+    "time_to_first_step": "driver: from the call to the chief's first step",
+    "total": "driver: the whole call",
+}
+
+
 @dataclasses.dataclass
 class ProcessReport:
-    """What a training process reports to its task (protocol.RESULT_FILE). Every field is also a
-    field of WorkerResult; the job kind fills in those it knows."""
+    """What a training process reports to its task (protocol.RESULT_FILE), whatever the job's kind."""
 
-    timings: dict  # seconds per phase in the process: tensorflow_import, strategy_and_model, training...
+    timings: dict  # seconds per phase in the process (TIMINGS)
     python_prefix: str  # the process's sys.prefix
-    steps: int = None  # steps this process ran (fit)
-    checksum: str = None  # of the final weights (fit): equal on every worker when replicas stayed in sync
-    memory: dict = None  # resident memory in MB: baseline_mb once set up, peak_mb (fit)
-    first_step_at: float = None  # the process's clock at its first step (fit; None if a resumed fit had none)
-    finished_at: float = None  # ... when its work ended
-    initial_epoch: int = 0  # the epoch a resumed fit started from
-    resumed_at: dict = None  # a resumed fit's first epoch and step (within it), and the steps run before it
-    checkpoint_saves: int = None  # checkpoints this process took part in (fit with checkpoint_dir)
+    finished_at: float = None  # the process's clock when its work ended
     gpus: str = None  # CUDA_VISIBLE_DEVICES as the process read it, before importing TensorFlow
-    steps_per_execution: int = None  # training steps per call into TensorFlow (fit)
-    communication: dict = None  # how its gradients travelled, as TensorFlow held it (communication.in_effect)
-    output: object = dataclasses.field(default=None, repr=False)  # what the kind returns besides files: FitOutput (chief)
+    output: object = dataclasses.field(default=None, repr=False)  # the kind's own report: FitOutput for fit
     files: dict = dataclasses.field(default_factory=dict)  # what it returns in files: {key: name in the work directory}
 
 
 @dataclasses.dataclass
 class FitOutput:
-    """What a fit's chief reports besides its trained model (``ProcessReport.output``)."""
+    """What every training process of a fit reports (``ProcessReport.output``); the chief's also carries
+    the history, the early stop and the saved models."""
 
-    history: dict  # per-epoch metrics, as FitResult.history
-    stopped_epoch: int = None  # the last epoch run (from 0) when a callback stopped the training
-    saved: list = dataclasses.field(default_factory=list)  # save_to: {"epoch", "path"} per save
+    steps: int = None  # steps this process ran
+    checksum: str = None  # of the final weights: equal on every worker when replicas stayed in sync
+    memory: dict = None  # resident memory in MB: tensorflow_mb, baseline_mb once set up, peak_mb
+    first_step_at: float = None  # the process's clock at its first step (None if a resumed fit had none)
+    initial_epoch: int = 0  # the epoch a resumed fit started from
+    resumed_at: dict = None  # a resumed fit's first epoch and step (within it), and the steps run before it
+    checkpoint_saves: int = None  # checkpoints this process took part in (checkpoint_dir)
+    steps_per_execution: int = None  # training steps per call into TensorFlow
+    communication: dict = None  # how its gradients travelled, as TensorFlow held it (communication.in_effect)
+    history: dict = None  # the chief's: per-epoch metrics, as FitResult.history
+    stopped_epoch: int = None  # the chief's: the last epoch run (from 0) when a callback stopped the training
+    saved: list = dataclasses.field(default_factory=list)  # the chief's: save_to's {"epoch", "path"} per save
+
+    CHIEF_ONLY = ("history", "stopped_epoch", "saved")
+
+    def public(self):
+        """This worker's fields of ``FitResult.workers``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in self.CHIEF_ONLY}
 
 
 @dataclasses.dataclass
-class WorkerResult(ProcessReport):
-    """One barrier task's result, built by the task (``of_task``) and read by the driver: what the
-    task did (its data, its rendezvous) and what its training process reported. ``public()`` is the
-    part a user sees, in ``FitResult.workers``."""
+class WorkerResult:
+    """One barrier task's result, built by the task and read by the driver: what the task did (its data,
+    its rendezvous) and what its training process reported. ``public()`` is the part a user sees, in
+    ``FitResult.workers``."""
 
+    report: ProcessReport
     index: int = None
     host: str = None
     executor: str = None  # Spark's address of the executor
     port: int = None  # the training process's TensorFlow port
     rows: int = None  # rows of the task's shard
-    shard_checksum: str = None  # sha256 of those rows (fit)
-    validation_rows: int = None  # rows of the task's validation shard (fit with validation)
-    validation_checksum: str = None  # sha256 of those rows
-    steps_per_epoch: int = None
+    written: dict = None  # what the job's write_input counted besides rows (fit: checksum, validation_rows...)
+    agreed: dict = None  # what the peers agreed on (fit: steps_per_epoch, validation_steps)
     environment: dict = None  # path, built, seconds; None for the executor's own Python
     warm_start: bool = False  # the process was a spare that had imported TensorFlow already
     rendezvous_via: str = None  # how the peers met: "driver" (its link) or "allGather" (Spark's fallback)
     transfer: dict = None  # how the job's files came and the process's went: via, bytes and seconds each way
     task_started_at: float = None
-    # files (from ProcessReport): here {key: transfer.Payload}, the file on its way to the driver
+    timings: dict = None  # the task's and its process's (TIMINGS)
+    files: dict = None  # the reported files: {key: transfer.Payload}, on their way to the driver
 
-    PUBLIC = ("index", "host", "executor", "port", "rows", "steps", "steps_per_epoch", "gpus", "environment",
-              "python_prefix", "warm_start", "checksum", "shard_checksum", "validation_rows", "validation_checksum",
-              "memory", "first_step_at", "finished_at", "steps_per_execution", "communication", "transfer", "checkpoint_saves",
-              "timings")
-
-    @classmethod
-    def of_task(cls, report, timings, **task):
-        """The task's own ``task`` fields and ``timings`` joined with its process's ``report``."""
-        reported = {f.name: getattr(report, f.name) for f in dataclasses.fields(ProcessReport)}
-        return cls(**{**reported, "timings": {**report.timings, **timings}, **task})
+    @property
+    def output(self):
+        return self.report.output
 
     def public(self):
         """The fields of ``FitResult.workers``: plain values R turns into a data.frame row."""
-        return {name: getattr(self, name) for name in self.PUBLIC}
+        written = dict(self.written or {})
+        fields = {"index": self.index, "host": self.host, "executor": self.executor, "port": self.port,
+                  "rows": self.rows, "shard_checksum": written.pop("checksum", None), **written,
+                  "steps_per_epoch": (self.agreed or {}).get("steps_per_epoch"), "gpus": self.report.gpus,
+                  "environment": self.environment, "python_prefix": self.report.python_prefix,
+                  "warm_start": self.warm_start, "finished_at": self.report.finished_at, "transfer": self.transfer}
+        kind = self.output.public() if hasattr(self.output, "public") else {}
+        return {**fields, **kind, "timings": self.timings}
 
 
 @dataclasses.dataclass
@@ -80,24 +106,21 @@ class FitResult:
     model:    the trained Keras model, on the driver (same Keras as the model passed in; tf_keras for a
               model function)
     history:  per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}
-    timings:  seconds: prepare (the driver's checks, the data's profile included), stage_start (from
-              submitting the barrier stage to the chief's task starting: Spark's scheduling, and any
-              shuffle the data needs first), environment, data_shard, worker_start, rendezvous,
-              strategy_and_model, first_step, training (the chief's), time_to_first_step (from the
-              fit() call), total
-    workers:  one dict per worker: index, host, executor (Spark's address of it), port, rows, steps,
-              steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), checksum (of the final weights: equal on
-              every worker when the replicas stayed in sync), shard_checksum (of the rows it trained on),
-              environment (path, built, seconds; None for the executor's own Python), python_prefix
-              (sys.prefix of its training process), warm_start (True when it trained in a spare
-              process its executor kept, TensorFlow already imported), first_step_at and
-              finished_at (its clock, time.time(), at its first step and when training ended), memory (its training process's resident memory in MB:
-              tensorflow_mb once TensorFlow and the strategy were set up, baseline_mb once the model
-              was too, peak_mb at the end), steps_per_execution and communication (what its training
-              ran with), transfer (how the job's files, the model's weights among them, reached it and
-              the trained model left it: via "driver link" or "spark", fetched_bytes, fetch_seconds,
-              sent_bytes, send_seconds), checkpoint_saves (with checkpoint_dir: the saves it took part
-              in), timings
+    timings:  seconds per phase: results.TIMINGS says what each key covers (the chief's process and task)
+    workers:  one dict per worker (WorkerResult.public): index, host, executor (Spark's address of it), port,
+              rows, shard_checksum (of the rows it trained on), validation_rows and validation_checksum
+              (with validation), steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), environment (path,
+              built, seconds; None for the executor's own Python), python_prefix (sys.prefix of its
+              training process), warm_start (True when it trained in a spare process its executor kept,
+              TensorFlow already imported), finished_at (its clock, time.time(), when training ended),
+              transfer (how the job's files, the model's weights among them, reached it and the trained
+              model left it: via "driver link" or "spark", fetched_bytes, fetch_seconds, sent_bytes,
+              send_seconds), then FitOutput's fields: steps, checksum (of the final weights: equal on
+              every worker when the replicas stayed in sync), memory (its training process's resident
+              memory in MB: tensorflow_mb once TensorFlow and the strategy were set up, baseline_mb once
+              the model was too, peak_mb at the end), first_step_at, initial_epoch, resumed_at,
+              checkpoint_saves (with checkpoint_dir: the saves it took part in), steps_per_execution and
+              communication (what its training ran with); and its timings
     attempts: one dict per submission of the barrier job: attempt, error (None for the one that
               succeeded), retryable; for the successful one initial_epoch (> 0 when it resumed),
               resumed_at (None, or the epoch and step it resumed at, and the steps run before it) and
@@ -185,8 +208,8 @@ class FitResult:
         chief = results[0]
         timings = {"prepare": submitted - started, "stage_start": chief.task_started_at - submitted,
                    **chief.timings}
-        if chief.first_step_at is not None:
-            timings["time_to_first_step"] = chief.first_step_at - started
+        if chief.output.first_step_at is not None:
+            timings["time_to_first_step"] = chief.output.first_step_at - started
         timings["total"] = finished - started
         return cls(model=model, history=chief.output.history, timings=timings,
                    workers=[r.public() for r in results], attempts=attempts, progress=progress,

@@ -130,11 +130,11 @@ def _run(job, context, batches, workdir, link):
     sending = time.time()
     files = transfer.send_back(report.files, link, workdir, index)
     sent = {"sent_bytes": sum(p.size for p in files.values()), "send_seconds": time.time() - sending}
-    return WorkerResult.of_task(
-        report, timings, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
-        rows=written["rows"], shard_checksum=written["checksum"], steps_per_epoch=agreed.get("steps_per_epoch"),
-        validation_rows=written.get("validation_rows"), validation_checksum=written.get("validation_checksum"),
-        environment=environment_info, warm_start=warm, rendezvous_via=how, task_started_at=started, files=files,
+    written = dict(written)
+    return WorkerResult(
+        report, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
+        rows=written.pop("rows"), written=written, agreed=agreed, environment=environment_info, warm_start=warm,
+        rendezvous_via=how, task_started_at=started, timings={**report.timings, **timings}, files=files,
         transfer={"via": fetched["via"], "fetched_bytes": fetched["bytes"], "fetch_seconds": fetched["seconds"], **sent},
     )
 

@@ -6,6 +6,7 @@ import pytest
 from conftest import digits_cnn, held_out_accuracy, left_behind, partitioned
 
 import tfbarrier
+from tfbarrier.results import TIMINGS
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,7 @@ def test_timings_cover_each_phase_in_order(two_worker_fit):
                          + t["strategy_and_model"] + t["first_step"])
     assert before_first_step <= t["time_to_first_step"] + 0.05
     assert t["time_to_first_step"] + (t["training"] - t["first_step"]) <= t["total"] + 0.05
+    assert sorted(set(t) - set(TIMINGS)) == [], "timings that results.TIMINGS does not document"
 
 
 def test_model_comes_back_in_the_users_keras_without_touching_the_input(two_worker_fit, input_model, digits):

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from tfbarrier import protocol
-from tfbarrier.results import ProcessReport, WorkerResult
+from tfbarrier.results import FitOutput, ProcessReport, WorkerResult
 
 
 def spark_rows(batches):
@@ -15,22 +15,26 @@ def spark_rows(batches):
 
 
 def test_results_come_back_whole_from_chunks_in_worker_order():
-    def report(weights):
-        return ProcessReport(timings={"training": 1.0}, python_prefix="/venv", output={"weights": weights})
+    def result(index, weights):
+        report = ProcessReport(timings={"training": 1.0}, python_prefix="/venv", output={"weights": weights})
+        return WorkerResult(report, index=index, rows=5, timings=report.timings)
 
-    big = WorkerResult.of_task(report(b"x" * (2 * protocol.CHUNK + 123)), {"rendezvous": 0.01}, index=1, rows=5)
-    small = WorkerResult.of_task(report(b"y"), {}, index=0, rows=3)
+    big, small = result(1, b"x" * (2 * protocol.CHUNK + 123)), result(0, b"y")
     rows = spark_rows(protocol.result_batches(1, big)) + spark_rows(protocol.result_batches(0, small))
     assert len(rows) == 4  # three chunks of the big one
     assert protocol.results_from_rows(list(reversed(rows))) == [small, big]
 
 
-def test_a_worker_result_joins_the_tasks_timings_and_its_processes():
-    report = ProcessReport(timings={"training": 2.0, "tensorflow_import": 4.0}, python_prefix="/venv", steps=7)
-    result = WorkerResult.of_task(report, {"rendezvous": 0.01}, index=0, host="h", rows=10)
-    assert result.timings == {"training": 2.0, "tensorflow_import": 4.0, "rendezvous": 0.01}
-    assert result.public()["steps"] == 7 and result.public()["rows"] == 10
-    assert "output" not in result.public()
+def test_a_fit_workers_public_fields_hold_its_kinds_output_and_a_run_workers_do_not():
+    fitted = ProcessReport(timings={"training": 2.0}, python_prefix="/venv", output=FitOutput(steps=7, history={"loss": [1.0]}))
+    result = WorkerResult(fitted, index=0, host="h", rows=10, written={"checksum": "abc", "validation_rows": 2},
+                          agreed={"steps_per_epoch": 5}, timings={"training": 2.0, "rendezvous": 0.01})
+    public = result.public()
+    assert (public["steps"], public["rows"], public["shard_checksum"], public["validation_rows"]) == (7, 10, "abc", 2)
+    assert public["steps_per_epoch"] == 5 and public["timings"] == {"training": 2.0, "rendezvous": 0.01}
+    assert not {"output", "report", "history", "written", "agreed"} & set(public)
+    ran = WorkerResult(ProcessReport(timings={}, python_prefix="/venv"), index=1, rows=0, written={"checksum": None})
+    assert "steps" not in ran.public() and ran.public()["rows"] == 0
 
 
 def test_messages_cross_the_channel_in_order_and_a_closed_channel_ends_with_eof():
