@@ -68,16 +68,52 @@ def _python_env(spark, env):
     return env
 
 
-def _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted):
-    """What every job asks of the cluster before its stage: its Python environment (an archive is
-    shipped), the GPU plan, encryption, the executors' Python and ``num_workers`` free slots.
-    Returns (env, the GPU plan, GPUs per worker)."""
+def _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads=None):
+    """What every job asks of the cluster before its stage, as the Job fields every kind shares: its Python
+    environment (an archive is shipped), the GPU plan, encryption, the executors' Python and
+    ``num_workers`` free slots. Returns (those fields, GPUs per worker)."""
+    tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
     env = _python_env(spark, env)
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
     cluster.check_encryption(spark, allow_unencrypted)
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
-    return env, gpu_plan, gpus_per_worker
+    basics = {"env": env, "gpus": gpu_plan, "spare_idle_timeout": cluster.spare_idle_timeout(spark),
+              "started_at": started, "tf_threads": tf_threads}
+    return basics, gpus_per_worker
+
+
+def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer, steps_per_execution,
+                     communication, stall_timeout, tensorboard_dir, class_weight):
+    """fit's plain training arguments, checked, as FitJob fields."""
+    seed = None if seed is None else int(seed)
+    return {"epochs": checks.positive_int("epochs", epochs), "batch_size": checks.positive_int("batch_size", batch_size),
+            "steps_per_epoch": checks.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True),
+            "seed": seed, "data_seed": random.randrange(2**31) if seed is None else seed,  # the same on every attempt
+            "shuffle": bool(shuffle), "shuffle_buffer": checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True),
+            "steps_per_execution": checks.steps_per_execution(steps_per_execution),
+            "communication": checks.communication(communication),
+            "stall_timeout": checks.positive_seconds("stall_timeout", stall_timeout),
+            "tensorboard_dir": checks.directory("tensorboard_dir", tensorboard_dir),
+            "class_weight": checks.class_weights(class_weight)}
+
+
+def _validation_and_saving(validation_data, validation_split, validation_freq, features, label, sample_weight,
+                           save_to, save_best, save_mode):
+    """(validation_data checked, fit's validation and saving arguments checked, as FitJob fields)."""
+    validation_data, validation_split, validation_freq = checks.validation_arguments(
+        validation_data, validation_split, validation_freq, features, label, sample_weight)
+    save_to, save_best, save_mode = checks.save_arguments(
+        save_to, save_best, save_mode, fit_job.validates(validation_data is not None, validation_split))
+    return validation_data, {"has_validation_column": validation_data is not None,
+                             "validation_split": validation_split, "validation_freq": validation_freq,
+                             "save_to": save_to, "save_best": save_best, "save_mode": save_mode}
+
+
+def _stage_arguments(verbose, max_retries=0, timeout=None):
+    """stage.run's arguments of a call, checked."""
+    return {"verbose": checks.verbosity(verbose), "max_retries": checks.non_negative_int("max_retries", max_retries),
+            "timeout": checks.positive_seconds("timeout", timeout)}
 
 
 def _spark_session(spark):
@@ -234,61 +270,42 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     tracked = tracking.resolve(mlflow)
     data = checks.spark_dataframe(data)
     num_workers = checks.positive_int("num_workers", num_workers)
-    epochs = checks.positive_int("epochs", epochs)
-    batch_size = checks.positive_int("batch_size", batch_size)
-    steps_per_epoch = checks.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True)
-    steps_per_execution = checks.steps_per_execution(steps_per_execution)
-    communication = checks.communication(communication)
-    shuffle_buffer = checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True)
-    tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
-    max_retries = checks.non_negative_int("max_retries", max_retries)
-    timeout = checks.positive_seconds("timeout", timeout)
-    stall_timeout = checks.positive_seconds("stall_timeout", stall_timeout)
-    seed = None if seed is None else int(seed)
-    data_seed = random.randrange(2**31) if seed is None else seed  # the same shuffling on every attempt
-    verbose = checks.verbosity(verbose)
-    tensorboard_dir = checks.directory("tensorboard_dir", tensorboard_dir)
+    staging = _stage_arguments(verbose, max_retries, timeout)
+    training = _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer,
+                                steps_per_execution, communication, stall_timeout, tensorboard_dir, class_weight)
     layout = features_layout(data.schema, features, label, weight=sample_weight)
-    class_weight = checks.class_weights(class_weight)
-    validation_data, validation_split, validation_freq = checks.validation_arguments(
-        validation_data, validation_split, validation_freq, features, label, sample_weight)
-    save_to, save_best, save_mode = checks.save_arguments(
-        save_to, save_best, save_mode, fit_job.validates(validation_data is not None, validation_split))
+    validation_data, held_out_and_saved = _validation_and_saving(
+        validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     with transfer.JobFiles() as files:
         spec = ModelSpec.from_model(model, files)
         spec.check_loadable()
         callbacks = checks.callbacks_function(callbacks)
-        callbacks = callbacks and files.add_bytes("callbacks.pkl", callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
         spark = data.sparkSession
-        env, gpu_plan, gpus_per_worker = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
-        gpus.check_batch(batch_size, num_workers, gpus_per_worker)
-        memory.check_on_driver(spark, spec.size, memory.batch_bytes(batch_size, num_workers, spec.input_shape),
+        basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
+        gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
+        memory.check_on_driver(spark, spec.size, memory.batch_bytes(training["batch_size"], num_workers, spec.input_shape),
                                num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
-        job = FitJob(
-            model=spec, layout=layout, epochs=epochs, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-            seed=seed, data_seed=data_seed, shuffle=bool(shuffle), shuffle_buffer=shuffle_buffer,
-            source=source and source.slices, tf_threads=tf_threads, callbacks=callbacks,
-            checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-            tensorboard_dir=tensorboard_dir, stall_timeout=stall_timeout, gpus=gpu_plan, env=env,
-            spare_idle_timeout=cluster.spare_idle_timeout(spark), started_at=started,
-            has_validation_column=validation_data is not None,
-            validation_split=validation_split, validation_freq=validation_freq, class_weight=class_weight,
-            save_to=save_to, save_best=save_best, save_mode=save_mode, steps_per_execution=steps_per_execution,
-            communication=communication, memory_check=memory.enabled(spark.conf.get),
-        )
-        submitted = time.time()
-        params = tracking.fit_params(job, num_workers=num_workers, max_retries=max_retries, timeout=timeout,
-                                     spark_master=cluster.master(spark)) if tracked else None
-        with tracking.fit_run(tracked, params, model, batch_size) as run:
-            results, attempts, events = stage.run(frame, job, num_workers, files, verbose=verbose,
-                                                  global_batch=batch_size, max_retries=max_retries, timeout=timeout,
-                                                  on_progress=run.on_progress)
-            trained = spec.trained_model(model, job.decode(results, files))
-            result = FitResult.from_workers(trained, results, attempts, events, started, submitted, time.time())
-            run.log_result(result)
+        job = FitJob(model=spec, layout=layout, source=source and source.slices,
+                     callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
+                     checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get),
+                     **training, **held_out_and_saved, **basics)
+        return _run_fit(frame, job, model, files, num_workers, staging, tracked)
+
+
+def _run_fit(frame, job, model, files, num_workers, staging, tracked):
+    """Run the fit's stage (tracked in MLflow when ``tracked``) and make its FitResult."""
+    submitted, spark = time.time(), frame.sparkSession
+    params = tracking.fit_params(job, num_workers=num_workers, max_retries=staging["max_retries"],
+                                 timeout=staging["timeout"], spark_master=cluster.master(spark)) if tracked else None
+    with tracking.fit_run(tracked, params, model, job.batch_size) as run:
+        results, attempts, events = stage.run(frame, job, num_workers, files, global_batch=job.batch_size,
+                                              on_progress=run.on_progress, **staging)
+        trained = job.model.trained_model(model, job.decode(results, files))
+        result = FitResult.from_workers(trained, results, attempts, events, job.started_at, submitted, time.time())
+        run.log_result(result)
     result.mlflow_run_id = run.run_id
     return result
 
@@ -306,20 +323,17 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     if not callable(train_fn):
         raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
     num_workers = checks.positive_int("num_workers", num_workers)
-    tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
-    timeout = checks.positive_seconds("timeout", timeout)
-    verbose = checks.verbosity(verbose)
+    staging = _stage_arguments(verbose, timeout=timeout)
     try:
         function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
     except Exception as exc:
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
     spark = _spark_session(spark)
-    env, gpu_plan, _ = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
+    basics, _ = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
     with transfer.JobFiles() as files:
-        job = RunJob(function=files.add_bytes("function.pkl", function), tf_threads=tf_threads, gpus=gpu_plan,
-                     env=env, spare_idle_timeout=cluster.spare_idle_timeout(spark), started_at=started)
+        job = RunJob(function=files.add_bytes("function.pkl", function), **basics)
         frame = spark.range(0, num_workers, numPartitions=num_workers)
-        results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
+        results, _, _ = stage.run(frame, job, num_workers, files, **staging)
         return job.decode(results, files)
 
 
@@ -340,15 +354,12 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     if not callable(fn):
         raise InvalidArgumentError(f"fn must be a function of (partition, barrier), got {type(fn).__name__}")
     num_workers = checks.positive_int("num_workers", num_workers)
-    timeout = checks.positive_seconds("timeout", timeout)
-    verbose = checks.verbosity(verbose)
+    staging = _stage_arguments(verbose, timeout=timeout)
     output_schema = checks.output_schema(columns)
-    spark = data.sparkSession
-    env, gpu_plan, _ = _check_cluster(spark, env, use_gpu, num_workers, allow_unencrypted)
+    basics, _ = _job_basics(data.sparkSession, env, use_gpu, num_workers, allow_unencrypted, started)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     with transfer.JobFiles() as files:
         job = ApplyJob(function=files.add_bytes("function.pkl", pickle_user_code(fn, fn)),
-                       input_schema=to_arrow_schema(data.schema), output_schema=output_schema, gpus=gpu_plan,
-                       env=env, spare_idle_timeout=cluster.spare_idle_timeout(spark), started_at=started)
-        results, _, _ = stage.run(frame, job, num_workers, files, verbose=verbose, timeout=timeout)
+                       input_schema=to_arrow_schema(data.schema), output_schema=output_schema, **basics)
+        results, _, _ = stage.run(frame, job, num_workers, files, **staging)
         return job.decode(results, files)

@@ -33,8 +33,54 @@ def train(job, config, channel):
     index, workdir = config["tf_config"]["task"]["index"], config["workdir"]
     num_workers = len(config["tf_config"]["cluster"]["worker"])
     shard = shards.Shard.open(config["shard"], config["rows"])
-    timings = {}
     started = time.time()
+    strategy, model, pacer, memory_mb = _strategy_and_model(job, workdir, shard, num_workers, config)
+    input_shape = tuple(model.input_shape[1:])
+    resume = resume_point(job.checkpoint_dir)  # the data pipeline starts where it left off
+    batch_rows = job.batch_size // num_workers
+    dataset = strategy.distribute_datasets_from_function(
+        shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
+                          job.shuffle_buffer, job.class_weight,
+                          skip_rows=resume["steps_done"] * batch_rows if resume else 0)
+    )
+    validation = _validation_data(job, strategy, config, input_shape, shard)
+    timings = {"strategy_and_model": time.time() - started}
+    progress, epoch_log, saver, saves, callbacks = _callbacks(
+        channel, job, workdir, index, validation=validation, resume=resume, batch_rows=batch_rows,
+        steps_per_epoch=config["steps_per_epoch"])
+    if pacer is not None:
+        callbacks.insert(0, pacer)
+    started = time.time()
+    try:
+        _fit(model, dataset, shard, input_shape, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"],
+             callbacks=callbacks)
+    finally:
+        progress.stop_keeping_alive()
+    timings["training"] = time.time() - started
+    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
+        timings["first_step"] = progress.first_step_at - started
+    started = time.time()
+    files, checksum = _write_trained(job, model, workdir, index == 0)
+    timings["trained_model_written"] = time.time() - started
+    finished_at, (_, memory_mb["peak_mb"]) = time.time(), resident_mb()
+    output = FitOutput(
+        steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at, memory=memory_mb,
+        initial_epoch=epoch_log.initial_epoch or 0,
+        resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, config["steps_per_epoch"])),
+                                   steps_done=resume["steps_done"]),
+        checkpoint_saves=saves and saves.saves, steps_per_execution=int(model.steps_per_execution.numpy()),
+        communication=communication.in_effect(strategy, model))
+    if index == 0:
+        _chiefs_output(output, job, epoch_log, saver)
+    if saves is not None:
+        timings["checkpoints"] = saves.save_seconds
+    return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output, files=files)
+
+
+def _strategy_and_model(job, workdir, shard, num_workers, config):
+    """The strategy, the model rebuilt in its scope with its optimizer ready (slots, fused updates, the
+    gradients' exchange), the pacer of its steps per call; the memory checked once it is all set up.
+    Returns (strategy, model, pacer, {tensorflow_mb, baseline_mb})."""
     with port_clash_is_retryable():
         strategy = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=communication.strategy_options(tf, job.communication))
@@ -59,46 +105,7 @@ def train(job, config, channel):
         batch = memory.batch_bytes(job.batch_size, num_workers, input_shape)
         memory.check_on_host(memory.ModelSize.of(model), batch, config["workers_on_host"],
                              int((baseline_mb - tensorflow_mb) * 2**20))
-    resume = resume_point(job.checkpoint_dir)  # the data pipeline starts where it left off
-    batch_rows = job.batch_size // num_workers
-    dataset = strategy.distribute_datasets_from_function(
-        shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
-                          job.shuffle_buffer, job.class_weight,
-                          skip_rows=resume["steps_done"] * batch_rows if resume else 0)
-    )
-    validation = _validation_data(job, strategy, config, input_shape, shard)
-    timings["strategy_and_model"] = time.time() - started
-    progress, epoch_log, saver, saves, callbacks = _callbacks(
-        channel, job, workdir, index, validation=validation, resume=resume, batch_rows=batch_rows,
-        steps_per_epoch=config["steps_per_epoch"])
-    if pacer is not None:
-        callbacks.insert(0, pacer)
-    started = time.time()
-    try:
-        _fit(model, dataset, shard, input_shape, epochs=job.epochs, steps_per_epoch=config["steps_per_epoch"],
-             callbacks=callbacks)
-    finally:
-        progress.stop_keeping_alive()
-    timings["training"] = time.time() - started
-    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
-        timings["first_step"] = progress.first_step_at - started
-    started = time.time()
-    files, checksum = _write_trained(job, model, workdir, index == 0)
-    timings["trained_model_written"] = time.time() - started
-    finished_at, (_, peak_mb) = time.time(), resident_mb()
-    output = FitOutput(
-        steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at,
-        memory={"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb, "peak_mb": peak_mb},
-        initial_epoch=epoch_log.initial_epoch or 0,
-        resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, config["steps_per_epoch"])),
-                                   steps_done=resume["steps_done"]),
-        checkpoint_saves=saves and saves.saves, steps_per_execution=int(model.steps_per_execution.numpy()),
-        communication=communication.in_effect(strategy, model))
-    if index == 0:
-        _chiefs_output(output, job, epoch_log, saver)
-    if saves is not None:
-        timings["checkpoints"] = saves.save_seconds
-    return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output, files=files)
+    return strategy, model, pacer, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}
 
 
 def _chiefs_output(output, job, epoch_log, saver):

@@ -70,13 +70,9 @@ def _fetch_files(job, link, workdir, index, host):
     return transfer.Fetch(job, link, workdir)
 
 
-def _run(job, context, batches, workdir, link):
-    started = time.time()
-    index = context.partitionId()
-    host = rendezvous.task_host(context)
-    link.event(f"task started on {host} (attempt {job.attempt})")
-    fetching = _fetch_files(job, link, workdir, index, host)
-    timings = {}
+def _job_and_python(job, context, workdir, link, timings):
+    """The job as this task runs it (its intra-op threads: the task's CPUs unless set), written for the
+    training process, and the Python that runs it: (job, python, its environment's record or None)."""
     if job.tf_threads is None:  # one intra-op thread per CPU Spark gave this task
         job = dataclasses.replace(job, tf_threads=context.cpus())
     protocol.write_pickle(workdir, protocol.JOB_FILE, job)
@@ -85,6 +81,48 @@ def _run(job, context, batches, workdir, link):
         timings["environment"] = environment_info["seconds"]
         what = "built" if environment_info["built"] else "found"
         link.event(f"environment {environment_info['path']} {what} in {environment_info['seconds']:.1f} s")
+    return job, python, environment_info
+
+
+def _meet(context, link, mine, attempt, timings):
+    """The rendezvous with this task's ``mine`` (host, port, row counts): (the peers, how they met)."""
+    gathered = time.time()
+    peers, how = rendezvous.gather(context, link, mine, attempt)
+    timings["rendezvous"] = time.time() - gathered
+    link.event(f"rendezvous: {len(peers)} workers through {how} in {timings['rendezvous']:.3f} s")
+    return peers, how
+
+
+def _send_back(report, link, workdir, index):
+    """The files the training process reported, on their way to the driver: (them, sent_bytes and send_seconds)."""
+    sending = time.time()
+    files = transfer.send_back(report.files, link, workdir, index)
+    return files, {"sent_bytes": sum(p.size for p in files.values()), "send_seconds": time.time() - sending}
+
+
+def _until_done(process, job, link, workdir, peers, index, host):
+    """Forward the training process's progress to the driver until it is done: its ProcessReport. The
+    stall watchdog counts from the first step (set-up sends nothing and has a budget of its own); a
+    process that lost contact with a peer whose host went silent blames that peer (faults.py)."""
+    stall = job.stall_timeout
+    try:
+        process.receive(protocol.DONE, stall_timeout=stall, on_message=lambda message: link.send("progress", **message),
+                        armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
+                        setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
+    except WorkerError as error:
+        raise faults.blame_lost_peer(error, peers, index, host, lambda: rendezvous.silent_peers(peers, index),
+                                     settings.PEER_PROBE_TIMEOUT) from None
+    return protocol.read_pickle(workdir, protocol.RESULT_FILE)
+
+
+def _run(job, context, batches, workdir, link):
+    started = time.time()
+    index = context.partitionId()
+    host = rendezvous.task_host(context)
+    link.event(f"task started on {host} (attempt {job.attempt})")
+    fetching = _fetch_files(job, link, workdir, index, host)
+    timings = {}
+    job, python, environment_info = _job_and_python(job, context, workdir, link, timings)
     env, task_env = _training_env(job, context, index), _task_env(job)
     spawned = time.time()
     process, warm = _training_process(job, python, env)
@@ -105,31 +143,16 @@ def _run(job, context, batches, workdir, link):
             timings["files_fetched"] = time.time() - started
             link.event(f"{fetched['bytes'] / 2**20:.1f} MB of job files fetched via {fetched['via']} in "
                        f"{fetched['seconds']:.2f} s")
-        gathered = time.time()
-        peers, how = rendezvous.gather(context, link, {"host": host, "port": port, **counts}, job.attempt)
-        timings["rendezvous"] = time.time() - gathered
-        link.event(f"rendezvous: {len(peers)} workers through {how} in {timings['rendezvous']:.3f} s")
+        peers, how = _meet(context, link, {"host": host, "port": port, **counts}, job.attempt, timings)
         job.check_peers(peers)
         agreed = job.agree_steps(peers)
         process.send(protocol.CONFIG, tf_config=rendezvous.tf_config(peers, index), workdir=workdir, shard=shard,
                      workers_on_host=sum(peer["host"] == host for peer in peers), **counts, **agreed)
-        forward = lambda message: link.send("progress", **message)  # noqa: E731
-        # The stall watchdog counts from the first step: set-up sends nothing and has a budget of its own.
-        stall = job.stall_timeout
-        try:
-            process.receive(protocol.DONE, stall_timeout=stall, on_message=forward,
-                            armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
-                            setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
-        except WorkerError as error:
-            raise faults.blame_lost_peer(error, peers, index, host, lambda: rendezvous.silent_peers(peers, index),
-                                         settings.PEER_PROBE_TIMEOUT) from None
-        report = protocol.read_pickle(workdir, protocol.RESULT_FILE)
+        report = _until_done(process, job, link, workdir, peers, index, host)
         process.stop(grace=settings.EXIT_GRACE)
     if job.spare_idle_timeout:
         spares.leave(python, env, idle_timeout=job.spare_idle_timeout)
-    sending = time.time()
-    files = transfer.send_back(report.files, link, workdir, index)
-    sent = {"sent_bytes": sum(p.size for p in files.values()), "send_seconds": time.time() - sending}
+    files, sent = _send_back(report, link, workdir, index)
     written = dict(written)
     return WorkerResult(
         report, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,

@@ -188,6 +188,16 @@ def _training_interval(result):
             for name, key in (("started", "first_step_at"), ("finished", "finished_at"))}
 
 
+def _trial_row(index, params, started, result=None, error=None):
+    """Trial ``index``'s row of the trials table, as it ends now with ``result`` or ``error``."""
+    finished = time.time()
+    return {"trial": index, **params, **(_final_metrics(result.history) if result else {}),
+            "status": STATUS_OK if error is None else STATUS_FAILED,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "seconds": finished - started, "started_at": datetime.datetime.fromtimestamp(started),
+            "finished_at": datetime.datetime.fromtimestamp(finished), **_training_interval(result)}
+
+
 def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, mode, verbose, search):
     """Run one ``fit(data, build_model(trials.start(i)), **fit_kwargs)`` per trial i of ``trials``
     (GridTrials or OptunaTrials), ``concurrency`` at a time, each logged to its run of ``search``
@@ -199,14 +209,8 @@ def run_trials(data, build_model, trials, fit, fit_kwargs, concurrency, metric, 
 
     def finish(index, started, result=None, error=None):
         """Record trial ``index`` in ``rows``, keep it if it is the best so far, and show it."""
-        finished = time.time()
         params = trials.params_of(index)
-        row = {"trial": index, **params, **(_final_metrics(result.history) if result else {}),
-               "status": STATUS_OK if error is None else STATUS_FAILED,
-               "error": None if error is None else f"{type(error).__name__}: {error}",
-               "seconds": finished - started, "started_at": datetime.datetime.fromtimestamp(started),
-               "finished_at": datetime.datetime.fromtimestamp(finished), **_training_interval(result)}
-        rows[index] = row
+        rows[index] = row = _trial_row(index, params, started, result, error)
         search.trial_finished(index, params, row, error)
         value = row.get(metric)
         trials.report(index, value)
