@@ -1,18 +1,80 @@
 """What travels where (transfer.py): a model's weights go to the workers and come back through the
 driver link, outside Spark, whose job and results stay a few kilobytes whatever the model's size;
-where the executors cannot reach the link, the files go inside the job, through Spark."""
+where the executors cannot reach the link, the files go inside the job, through Spark. What Spark
+receives is measured where pyspark hands it over (what_spark_gets), not with tfbarrier's own numbers."""
 
+import contextlib
+import dataclasses
+import os
 import socket
 import time
 
 import numpy as np
 import pytest
 from conftest import left_behind
+from support import faults
 
 import tfbarrier
 from tfbarrier.settings import DRIVER_LINK_CONF
 
 KB = 2**10
+
+
+@dataclasses.dataclass
+class WhatSparkGot:
+    """Bytes pyspark handed Spark during a block (what_spark_gets). ``functions``: each Python function
+    Spark is to run (a stage's task function, a UDF), as pyspark's CloudPickleSerializer pickled it for
+    the JVM; ``broadcasts``: each broadcast, as the file the JVM read it from (pyspark sends a function
+    over 1 MB as a broadcast of its pickle: it counts in both); ``stages``: the mapInArrow calls;
+    ``results``: per collect(), the bytes of the binary values in the rows the tasks sent back."""
+
+    functions: list = dataclasses.field(default_factory=list)
+    broadcasts: list = dataclasses.field(default_factory=list)
+    stages: int = 0
+    results: list = dataclasses.field(default_factory=list)
+
+    def largest(self):
+        """The largest single thing sent to Spark."""
+        return max(self.functions + self.broadcasts, default=0)
+
+
+@contextlib.contextmanager
+def what_spark_gets(spark):
+    """For the block, pyspark's own CloudPickleSerializer.dumps, SparkContext.broadcast, DataFrame.mapInArrow
+    and DataFrame.collect are wrapped: each still does what it does, and what passes through is recorded
+    in the WhatSparkGot yielded."""
+    from pyspark.serializers import CloudPickleSerializer
+
+    got = WhatSparkGot()
+    frames, context = type(spark.range(1)), type(spark.sparkContext)
+    dumps, broadcast, map_in_arrow, collect = (CloudPickleSerializer.dumps, context.broadcast, frames.mapInArrow,
+                                               frames.collect)
+
+    def recorded_dumps(self, obj):
+        data = dumps(self, obj)
+        got.functions.append(len(data))
+        return data
+
+    def recorded_broadcast(self, value):
+        handle = broadcast(self, value)
+        got.broadcasts.append(os.path.getsize(handle._path))
+        return handle
+
+    def recorded_map_in_arrow(self, *args, **kwargs):
+        got.stages += 1
+        return map_in_arrow(self, *args, **kwargs)
+
+    def recorded_collect(self):
+        rows = collect(self)
+        got.results.append(sum(len(value) for row in rows for value in row if isinstance(value, (bytes, bytearray))))
+        return rows
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(CloudPickleSerializer, "dumps", recorded_dumps)
+        patch.setattr(context, "broadcast", recorded_broadcast)
+        patch.setattr(frames, "mapInArrow", recorded_map_in_arrow)
+        patch.setattr(frames, "collect", recorded_collect)
+        yield got
 
 
 @pytest.fixture(scope="module")
@@ -31,41 +93,71 @@ def weights_bytes(model):
     return sum(w.numpy().nbytes for w in model.weights)
 
 
-def fit(df, model):
+def fit(df, model, **kwargs):
     return tfbarrier.fit(df, model, features="pixels", label="digit", epochs=1, batch_size=64, num_workers=2,
-                         steps_per_epoch=3, verbose=0)
+                         steps_per_epoch=3, verbose=0, **kwargs)
 
 
-def test_the_model_goes_and_comes_back_through_the_driver_link_not_spark(digits_df, wide_model):
-    result = fit(digits_df, wide_model)
+def predicted(scored, model):
+    """Whether ``scored`` (predict's output, as pandas) holds ``model``'s classes of its pixels."""
+    x = np.stack(scored["pixels"].to_numpy()).astype("float32")
+    return (scored["prediction"].to_numpy() == np.argmax(model.predict(x, verbose=0), axis=1)).all()
+
+
+def test_the_model_goes_and_comes_back_through_the_driver_link_not_spark(spark, digits_df, wide_model):
+    with what_spark_gets(spark) as got:
+        result = fit(digits_df, wide_model)
     size = weights_bytes(wide_model)
     for worker in result.workers:
         assert worker["transfer"]["via"] == "driver link"
         assert size < worker["transfer"]["fetched_bytes"] < size + 64 * KB  # the weights file and the callbacks'
     assert size < result.workers[0]["transfer"]["sent_bytes"] < size + 64 * KB  # the chief's trained weights
     assert result.workers[1]["transfer"]["sent_bytes"] == 0
-    carried = result.attempts[-1]["through_spark"]
-    assert carried["job_bytes"] < 64 * KB and carried["result_bytes"] < 64 * KB, carried
+    # Spark got one stage, whose task function (the job inside) and results are a few KB: not the weights
+    assert got.stages == 1 and got.functions and got.results, got
+    assert got.largest() < 64 * KB and sum(got.results) < 64 * KB, got
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
     trained, initial = result.model.get_weights(), wide_model.get_weights()
     assert [w.shape for w in trained] == [w.shape for w in initial] and not np.allclose(trained[0], initial[0])
+
+
+def test_a_retried_fit_fetches_the_model_through_the_driver_link_again_not_through_spark(spark, digits_df,
+                                                                                       wide_model):
+    with what_spark_gets(spark) as got:
+        result = fit(digits_df, wide_model, callbacks=faults.kill_first_attempt(worker=1, epoch=0), max_retries=1)
+    first, second = result.attempts
+    assert first["retryable"] and "killed by signal SIGKILL" in first["error"] and second["error"] is None
+    assert [w["transfer"]["via"] for w in result.workers] == ["driver link", "driver link"]
+    assert got.stages == 2 and got.functions, got  # a stage per attempt, neither carrying the weights
+    assert got.largest() < 64 * KB and sum(got.results) < 64 * KB, got
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+    assert left_behind() == []
+
+
+def test_predict_serves_the_model_to_the_executors_through_the_driver_link_not_spark(spark, digits_df, wide_model):
+    with what_spark_gets(spark) as got:
+        scored = tfbarrier.predict(digits_df.limit(8), wide_model, features="pixels").toPandas()
+    assert got.functions and got.broadcasts == [] and got.largest() < 64 * KB, got  # the UDF: config, no weights
+    assert predicted(scored, wide_model)
 
 
 def test_with_the_driver_link_off_the_model_goes_through_spark_and_still_trains_and_scores(spark, digits_df,
                                                                                             wide_model):
     spark.conf.set(DRIVER_LINK_CONF, "false")
     try:
-        result = fit(digits_df, wide_model)
-        scored = tfbarrier.predict(digits_df.limit(8), result, features="pixels").toPandas()
+        with what_spark_gets(spark) as fitting:
+            result = fit(digits_df, wide_model)
+        with what_spark_gets(spark) as scoring:
+            scored = tfbarrier.predict(digits_df.limit(8), result, features="pixels").toPandas()
     finally:
         spark.conf.unset(DRIVER_LINK_CONF)
     size = weights_bytes(wide_model)
     assert [w["transfer"]["via"] for w in result.workers] == ["spark", "spark"]
-    carried = result.attempts[-1]["through_spark"]
-    assert carried["job_bytes"] > size and carried["result_bytes"] > size, carried
+    # the weights went in the stage's task function and came back in its results; predict's in a broadcast
+    assert fitting.stages == 1 and fitting.largest() > size and sum(fitting.results) > size, fitting
+    assert max(scoring.broadcasts, default=0) > size, scoring
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
-    x = np.stack(scored["pixels"].to_numpy()).astype("float32")
-    assert (scored["prediction"].to_numpy() == np.argmax(result.model.predict(x, verbose=0), axis=1)).all()
+    assert predicted(scored, result.model)
 
 
 def return_the_workers_index():
