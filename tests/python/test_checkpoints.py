@@ -76,6 +76,27 @@ def test_a_model_with_batch_normalization_resumes_mid_epoch_as_if_uninterrupted(
     assert_same_training(result, uninterrupted)
 
 
+def test_a_duration_checkpoint_every_saves_within_epochs_and_resumes_there_as_if_uninterrupted(digits_df, uninterrupted,
+                                                                                              tmp_path):
+    # In seconds, the workers agree at their CHECKPOINT_DECIDE_AT_CALL-th call how many steps the duration
+    # comes to on the slowest of them (its first call's trace included): 0.2 s is one step or a few here,
+    # far fewer than the 24 + 6 steps run before the kill, so the resumed fit starts within epoch 1. A seconds
+    # mode that never saves within an epoch would resume at its start (step 0), and end the same.
+    steps = uninterrupted.workers[0]["steps_per_epoch"]
+    result = fit(digits_df, checkpoint_dir=str(tmp_path), checkpoint_every="0.2s", max_retries=1,
+                 callbacks=faults.kill_after_step(worker=1, epoch=1, step=5))
+    first, second = result.attempts
+    assert "killed by signal SIGKILL" in first["error"]
+    resumed = second["resumed_at"]
+    assert resumed["epoch"] == 1 and 0 < resumed["step"] <= 6, resumed  # a save within epoch 1, at step 5 or before
+    assert resumed["steps_done"] == steps + resumed["step"]
+    # the resumed attempt decided its own pace and saved within the epoch too, not only at its end
+    assert all(w["checkpoint_saves"] > 1 for w in result.workers), [w["checkpoint_saves"] for w in result.workers]
+    assert_same_training(result, uninterrupted)
+    assert not (tmp_path / "state").exists()
+    assert left_behind() == []
+
+
 def test_checkpoint_every_needs_a_directory_and_a_number_or_a_duration(digits_df):
     with pytest.raises(InvalidArgumentError, match="needs checkpoint_dir"):
         fit(digits_df, checkpoint_every=10)
