@@ -16,12 +16,15 @@ from .results import FitResult
 from .settings import STALL_TIMEOUT
 
 PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
+# Data sources the tasks read themselves, tried in order: each plan(frame, partitions, layout, num_workers)
+# returns None, or a source with a ``profile`` (checks.check_profile's) and ``batches(index, columns)``.
+DIRECT_SOURCES = (parquet_source.plan,)
 
 __all__ = ["FitResult", "apply", "fit", "run"]
 
 
 def _training_frame(data, layout, num_workers, input_shape, validation_data=None):
-    """(the DataFrame of the barrier stage, the parquet_source.Source its tasks read or None), once the
+    """(the DataFrame of the barrier stage, the direct source its tasks read (DIRECT_SOURCES) or None), once the
     data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
@@ -29,7 +32,7 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     shuffle (_with_validation_rows)."""
     frame = data.select(*layout.projection(data.sparkSession))
     partitions = cluster.num_partitions(frame)
-    source = None if validation_data is not None else parquet_source.plan(frame, partitions, layout, num_workers)
+    source = None if validation_data is not None else _direct_source(frame, partitions, layout, num_workers)
     profile = source.profile if source else checks.profile(frame, layout)
     checks.check_profile(profile, layout, num_workers, input_shape)
     if source:
@@ -38,6 +41,12 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     if validation_data is not None:
         return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None
     return (frame if keep else frame.repartition(num_workers)), None
+
+
+def _direct_source(frame, partitions, layout, num_workers):
+    """The first of DIRECT_SOURCES that can read ``frame`` without Spark, else None."""
+    return next((source for source in (plan(frame, partitions, layout, num_workers) for plan in DIRECT_SOURCES)
+                 if source is not None), None)
 
 
 def _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape):
@@ -288,7 +297,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         memory.check_on_driver(spark, spec.size, memory.batch_bytes(training["batch_size"], num_workers, spec.input_shape),
                                num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
-        job = FitJob(model=spec, layout=layout, source=source and source.slices,
+        job = FitJob(model=spec, layout=layout, source=source,
                      callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
                      checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get),
                      **training, **held_out_and_saved, **basics)

@@ -6,7 +6,9 @@ Each kind owns its whole path, so a new kind of feature column is one class here
 - ``projection``: the Spark columns a stage selects (a vector column is turned into an array there);
 - ``aggregates`` and ``check_profile``: what the driver's one aggregate pass measures, and refuses;
 - ``x``: how a Spark Arrow batch becomes the shard's ``x`` (in the task) or the scored rows;
-- ``check_input``: whether rows fill the model's input, wherever the model's input shape is known.
+- ``check_input``: whether rows fill the model's input, wherever the model's input shape is known;
+- ``stored``: how the shard holds ``x`` and how a training process (or predict's task) reads it back
+  (``FloatRows``, ``EncodedImages``: the process-side half of a layout, TensorFlow passed in).
 
 The kinds: numeric columns (``NumericColumns``), one array column of numbers (``ArrayColumn``), one
 Spark ML vector column, dense or sparse (``VectorColumn``), one binary column of encoded images
@@ -24,6 +26,123 @@ from . import cluster
 from .errors import ColumnError, InvalidArgumentError, ModelError
 
 IMAGE_CHANNELS = (1, 3, 4)
+
+
+# ---- how a shard holds x, and how a training process reads it back --------------------------------------
+
+class FloatRows:
+    """x as a fixed-size list of float32 per row: one flat feature vector, reshaped to the model's input."""
+
+    @staticmethod
+    def matches(x_type):
+        return pa.types.is_fixed_size_list(x_type)
+
+    @staticmethod
+    def width(x_type):
+        """Feature values per row (checked as rows are written), or None when rows have no width."""
+        return x_type.list_size
+
+    @staticmethod
+    def to_numpy(column):
+        """A FixedSizeListArray of float32 as a (rows, width) NumPy array (no copy when possible)."""
+        return column.values.to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
+
+    @staticmethod
+    def bytes_of(column):
+        """The column's values as bytes, in order (for a shard's digest)."""
+        return [FloatRows.to_numpy(column).tobytes()]
+
+    @staticmethod
+    def model_x(x, input_shape):
+        return x.reshape((-1, *input_shape))
+
+    @staticmethod
+    def spec(tf, input_shape):
+        """The tf.data element spec of a batch of x, as ``model_x`` makes it."""
+        return tf.TensorSpec((None, *input_shape), tf.float32)
+
+    @staticmethod
+    def prepared(tf, ds, input_shape):
+        """A tf.data pipeline of (x, ...) rows, made ready for the model (nothing to do)."""
+        return ds
+
+    @staticmethod
+    def scoring_input(tf, rows, input_shape, batch_size):
+        """What predict's task hands the model for ``rows`` (``to_numpy``'s): the array, sliced later."""
+        return FloatRows.model_x(rows, input_shape)
+
+    @staticmethod
+    def padding(tf, count, input_shape):
+        """``count`` rows of x that pad a validation shard."""
+        return np.zeros((count, *input_shape), np.float32)
+
+    @staticmethod
+    def first_unreadable(rows, input_shape):
+        """(position, reason) of the first of ``rows`` the model cannot take, else None: every row of
+        numbers can be taken."""
+        return None
+
+
+class EncodedImages:
+    """x as one encoded image file per row, decoded (images.py) after the shuffle, in parallel."""
+
+    @staticmethod
+    def matches(x_type):
+        return pa.types.is_binary(x_type)
+
+    @staticmethod
+    def width(x_type):
+        return None
+
+    @staticmethod
+    def to_numpy(column):
+        return column.to_numpy(zero_copy_only=False)
+
+    @staticmethod
+    def bytes_of(column):
+        return column.to_pylist()
+
+    @staticmethod
+    def model_x(x, input_shape):
+        return x
+
+    @staticmethod
+    def spec(tf, input_shape):
+        return tf.TensorSpec((None,), tf.string)
+
+    @staticmethod
+    def prepared(tf, ds, input_shape):
+        from .images import decode_image
+
+        return ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
+
+    @staticmethod
+    def scoring_input(tf, rows, input_shape, batch_size):
+        """Batches of the images decoded in a parallel tf.data map."""
+        from .images import decode_image
+
+        return (tf.data.Dataset.from_tensor_slices(rows)
+                .map(lambda data: decode_image(data, input_shape), num_parallel_calls=tf.data.AUTOTUNE)
+                .batch(batch_size))
+
+    @staticmethod
+    def padding(tf, count, input_shape):
+        blank = tf.io.encode_png(tf.zeros((1, 1, input_shape[-1]), tf.uint8)).numpy()  # any image that decodes
+        return np.array([blank] * count, dtype=object)
+
+    @staticmethod
+    def first_unreadable(rows, input_shape):
+        from .images import undecodable_row
+
+        return undecodable_row(rows, input_shape)
+
+
+STORED_FORMS = (FloatRows, EncodedImages)
+
+
+def stored_form(x_type):
+    """How a shard whose x column has ``x_type`` holds its rows (one of STORED_FORMS)."""
+    return next(form for form in STORED_FORMS if form.matches(x_type))
 
 
 def check_width(width, input_shape):
@@ -57,8 +176,8 @@ class Features:
     features: tuple
     label: str = None
     weight: str = None
-    images = False  # x holds encoded image files, not numbers
     noun = "feature column", "arrays", "length"  # how messages name the column, its rows, their width
+    stored = FloatRows  # how the shard holds x
 
     @property
     def columns(self):
@@ -175,7 +294,7 @@ class VectorColumn(ArrayColumn):
 class ImageColumn(Features):
     """One binary column of encoded image files (PNG, JPEG, GIF, BMP), decoded in the training process."""
 
-    images = True
+    stored = EncodedImages
 
     def check_input(self, input_shape, width=None):
         check_image_input(input_shape)

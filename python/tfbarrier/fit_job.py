@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from . import parquet_source, protocol, rendezvous, shards
+from . import protocol, rendezvous, shards
 from .errors import InvalidArgumentError
 from .job import Job
 
@@ -31,7 +31,7 @@ class FitJob(Job):
 
     model: object = None  # ModelSpec
     layout: object = None  # features.Features
-    source: list = None  # per worker, the parquet_source.Slices its task reads; None: its partition
+    source: object = None  # a source the tasks read themselves (parquet_source.Source); None: their partitions
     epochs: int = 1
     batch_size: int = 32  # global batch size, split evenly across workers
     steps_per_epoch: int = None  # None: one pass over all rows per epoch
@@ -60,8 +60,8 @@ class FitJob(Job):
 
     # ---- in the task ----
     def write_input(self, batches, path, index):
-        if self.source is not None:  # a plain Parquet scan, read here rather than through Spark
-            batches = parquet_source.read(self.source[index], self.layout.columns)
+        if self.source is not None:  # read here rather than through Spark
+            batches = self.source.batches(index, self.layout.columns)
         held_out = self._held_out(index)
         if held_out is None:
             rows, checksum = shards.write(batches, path, self.layout)

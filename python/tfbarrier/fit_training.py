@@ -307,7 +307,7 @@ def _fit(model, dataset, shard, input_shape, **fit_args):
     try:
         model.fit(dataset, verbose=0, **fit_args)
     except tf.errors.InvalidArgumentError:  # what decode_image raises (a failed peer is another error)
-        bad = shards.first_undecodable(shard, input_shape) if shard.images else None
+        bad = shard.first_unreadable(input_shape)
         if bad is None:
             raise
         raise ColumnError(

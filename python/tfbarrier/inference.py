@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from . import atomic, checks, cluster, driver_link, shards, transfer
+from . import atomic, checks, cluster, driver_link, transfer
 from .attach import is_attached
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
 from .features import check_width
@@ -263,34 +263,24 @@ def _raw_outputs(model, x, batch_size):
     return raw.reshape(len(raw), -1).astype(np.float32)
 
 
-def _image_outputs(model, rows, input_shape, batch_size, offset):
-    """Raw outputs for encoded images (decoded in a parallel tf.data map). An image that does not
-    decode fails the Spark task with a ColumnError naming its row in the partition (``offset``: rows
+def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
+    """Raw outputs for one Arrow record batch of the feature columns, read by ``layout`` as a training
+    process reads its shard (``layout.stored``). A row the model cannot take (an image that does not
+    decode) fails the Spark task with a ColumnError naming its row in the partition (``offset``: rows
     before this batch); the driver sees it in the failed job's Python traceback."""
     import tensorflow as tf
 
-    images = (tf.data.Dataset.from_tensor_slices(rows)
-              .map(lambda data: shards.decode_image(data, input_shape), num_parallel_calls=tf.data.AUTOTUNE)
-              .batch(batch_size))
+    x, stored = layout.x(batch), layout.stored
+    layout.check_input(input_shape, stored.width(x.type) if len(x) else None)
+    rows = stored.to_numpy(x)
     try:
-        return _raw_outputs(model, images, batch_size)
+        return _raw_outputs(model, stored.scoring_input(tf, rows, input_shape, batch_size), batch_size)
     except tf.errors.OpError:
-        bad = shards.undecodable_row(rows, input_shape)
+        bad = stored.first_unreadable(rows, input_shape)
         if bad is None:
             raise
         raise ColumnError(f"row {offset + bad[0]} of the partition does not decode as an image ({bad[1]}): "
                           "filter out the broken images first") from None
-
-
-def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
-    """Raw outputs for one Arrow record batch of the feature columns, read by ``layout`` (``offset``: rows
-    before it in the partition)."""
-    if layout.images:
-        rows = layout.x(batch).to_numpy(zero_copy_only=False)
-        return _image_outputs(model, rows, input_shape, batch_size, offset)
-    x = shards.to_numpy(layout.x(batch))
-    layout.check_input(input_shape, x.shape[1] if len(x) else None)
-    return _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
 
 
 def _scorer(scoring, layout, input_shape, output, transform, batch_size):

@@ -34,11 +34,15 @@ class Slice:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """What each worker reads (``slices[i]`` for worker i) and the profile ``checks.check_profile``
-    takes, made from the footers."""
+    """A data source the tasks read themselves (see DIRECT_SOURCES in api.py): what each worker reads
+    (``slices[i]`` for worker i) and the profile ``checks.check_profile`` takes, made from the footers."""
 
     slices: list
     profile: dict
+
+    def batches(self, index, columns):
+        """Worker ``index``'s record batches of ``columns``, in order (read in its task)."""
+        return read(self.slices[index], columns)
 
 
 def _footers_vouch_no_nulls(metadata, columns):

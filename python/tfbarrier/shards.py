@@ -2,8 +2,9 @@
 
 The task streams its partition batch by batch into an Arrow IPC file with two columns, ``x`` and
 ``y`` (the label), in record batches of at most ``RECORD_BATCH_BYTES``, so memory in the task stays
-bounded by one Spark batch. ``x`` is a fixed-size list of float32 (one flat feature vector per row),
-or, for encoded images, the image file's bytes.
+bounded by one Spark batch. ``x`` is held as the layout stores it (features.STORED_FORMS: a fixed-size
+list of float32, one flat feature vector per row; or, for encoded images, the image file's bytes), and
+read back the same way: nothing here depends on which.
 
 The training process streams that file into tf.data one record batch at a time and never holds the
 whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import ColumnError
+from .features import stored_form
 
 RECORD_BATCH_BYTES = 4 * 2**20  # a shard's record batches: the unit the reader reads and reorders
 SHUFFLE_BUFFER_ROWS = 10_000  # the default shuffle buffer, in rows...
@@ -51,8 +53,7 @@ def _bounded(batches):
 
 def _digest(digest, batch):
     x = batch.column(0)
-    values = x.to_pylist() if pa.types.is_binary(x.type) else [to_numpy(x).tobytes()]
-    for value in values:
+    for value in stored_form(x.type).bytes_of(x):
         digest.update(value)
     for column in batch.columns[1:]:
         digest.update(column.to_numpy(zero_copy_only=False).tobytes())
@@ -71,8 +72,9 @@ class _ShardFile:
         if not len(batch):
             return
         for piece in _bounded([_training_batch(batch, self.layout)]):
-            if not self.layout.images:
-                self.widths.add(piece.schema.field("x").type.list_size)
+            width = self.layout.stored.width(piece.schema.field("x").type)
+            if width is not None:
+                self.widths.add(width)
                 self.layout.check_widths(min(self.widths), max(self.widths))
             _digest(self.digest, piece)
             if self.writer is None:
@@ -133,11 +135,6 @@ def read_partition(path, schema):
         return pa.ipc.open_file(source).read_all().to_pandas()
 
 
-def to_numpy(matrix):
-    """A FixedSizeListArray of float32 as a (rows, width) NumPy array (no copy when possible)."""
-    return matrix.values.to_numpy(zero_copy_only=False).reshape(-1, matrix.type.list_size)
-
-
 def _label_dtype(arrow_type):
     dtype = np.dtype(arrow_type.to_pandas_dtype())
     return np.dtype(np.float32) if dtype == np.float64 else dtype
@@ -150,10 +147,11 @@ class Shard:
     path: str
     rows: int
     record_batches: int
-    width: int  # feature values per row; None for encoded images
+    width: int  # feature values per row; None for rows without one (encoded images)
     label_dtype: np.dtype
     bytes_per_row: float
     weighted: bool = False  # rows carry a sample weight (w)
+    stored: object = None  # how x is held (features.STORED_FORMS)
 
     @classmethod
     def open(cls, path, rows):
@@ -161,25 +159,22 @@ class Shard:
         with pa.OSFile(path) as source:
             reader = pa.ipc.open_file(source)
             x_type = reader.schema.field("x").type
+            stored = stored_form(x_type)
             return cls(path=path, rows=rows, record_batches=reader.num_record_batches,
-                       width=None if pa.types.is_binary(x_type) else x_type.list_size,
+                       width=stored.width(x_type), stored=stored,
                        label_dtype=_label_dtype(reader.schema.field("y").type),
                        bytes_per_row=os.path.getsize(path) / max(1, rows),
                        weighted="w" in reader.schema.names)
 
-    @property
-    def images(self):
-        return self.width is None
-
     def batches(self, order):
         """(x, y) NumPy arrays of the record batches in ``order``, read one at a time, and w (float32)
-        when the rows are weighted: x is float32 (rows, width), or an object array of encoded image bytes."""
+        when the rows are weighted: x as ``stored.to_numpy`` makes it (float32 (rows, width), encoded images...)."""
         with pa.OSFile(self.path) as source:
             reader = pa.ipc.open_file(source)
             for i in order:
                 batch = reader.get_batch(int(i))
                 x = batch.column(0)
-                x = x.to_numpy(zero_copy_only=False) if self.images else to_numpy(x)
+                x = self.stored.to_numpy(x)
                 y = batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
                 yield (x, y, batch.column(2).to_numpy(zero_copy_only=False)) if self.weighted else (x, y)
 
@@ -197,6 +192,17 @@ class Shard:
                 arrays = tuple(a[rows] for a in arrays)
             yield arrays
 
+    def first_unreadable(self, input_shape):
+        """(position in the partition, reason) of the shard's first row the model cannot take (an image
+        that does not decode), else None."""
+        offset = 0
+        for x, *_ in self.batches(range(self.record_batches)):
+            found = self.stored.first_unreadable(x, input_shape)
+            if found is not None:
+                return offset + found[0], found[1]
+            offset += len(x)
+        return None
+
     def shuffle_buffer(self, requested, batch):
         """Rows in the shuffle buffer: ``requested``, or by default SHUFFLE_BUFFER_ROWS but no more than
         SHUFFLE_BUFFER_BYTES of this shard's rows; never less than one batch nor more than the shard."""
@@ -204,78 +210,21 @@ class Shard:
         return max(1, min(max(rows, batch), self.rows))
 
 
-def decode_image(data, image_shape):
-    """One encoded image (PNG, JPEG, GIF, BMP) as float32 (height, width, channels) in 0-255, resized
-    as keras.utils.image_dataset_from_directory does."""
-    import tensorflow as tf
-
-    height, width, channels = image_shape
-    image = tf.image.resize(_decoded(data, channels), (height, width))
-    image.set_shape(image_shape)
-    return image
-
-
-def _decoded(data, channels):
-    """``data`` decoded to ``channels`` (1, 3 or 4) channels, uint8. TensorFlow decodes a BMP to 3 or 4
-    channels and a GIF to 3 only: to another count, they are decoded as RGB, then made gray or opaque."""
-    import tensorflow as tf
-
-    def decode(count):
-        return tf.io.decode_image(data, channels=count, expand_animations=False)
-
-    if channels == 3:
-        return decode(3)
-
-    def from_rgb():
-        rgb = decode(3)
-        if channels == 1:
-            return tf.image.rgb_to_grayscale(rgb)
-        return tf.concat([rgb, tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))], -1)
-
-    rgb_only = tf.logical_or(tf.equal(tf.strings.substr(data, 0, 2), "BM"), tf.equal(tf.strings.substr(data, 0, 4), "GIF8"))
-    return tf.cond(rgb_only, from_rgb, lambda: decode(channels))
-
-
-def undecodable_row(rows, image_shape):
-    """(position, reason) of the first of ``rows`` (encoded images) that does not decode, else None."""
-    import tensorflow as tf
-
-    for position, data in enumerate(rows):
-        try:
-            decode_image(tf.constant(data), image_shape)
-        except tf.errors.OpError as exc:
-            return position, exc.message.splitlines()[0]
-    return None
-
-
-def first_undecodable(shard, image_shape):
-    """(position in the partition, reason) of the shard's first undecodable image, else None."""
-    offset = 0
-    for x, *_ in shard.batches(range(shard.record_batches)):
-        found = undecodable_row(x, image_shape)
-        if found is not None:
-            return offset + found[0], found[1]
-        offset += len(x)
-    return None
-
-
 def _signature(shard, input_shape, floats):
     """A generator's output signature: x, y, then ``floats`` float32 columns (weights...)."""
     import tensorflow as tf
 
-    x_spec = (tf.TensorSpec((None,), tf.string) if shard.images
-              else tf.TensorSpec((None, *input_shape), tf.float32))
+    x_spec = shard.stored.spec(tf, input_shape)
     y_spec = tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype))
     return (x_spec, y_spec, *[tf.TensorSpec((None,), tf.float32)] * floats)
 
 
 def _batched(ds, shard, input_shape, batch, then=None):
-    """Rows -> what the strategy takes: images decoded in parallel, ``then`` (a map) applied, batches of
+    """Rows -> what the strategy takes: x made ready (images decoded in parallel), ``then`` (a map) applied, batches of
     ``batch`` rows (every one full), tf.data's auto-sharding off (each worker has its own shard), prefetched."""
     import tensorflow as tf
 
-    if shard.images:
-        ds = ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
+    ds = shard.stored.prepared(tf, ds, input_shape)
     if then is not None:
         ds = ds.map(then, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
@@ -317,7 +266,7 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
 
     def one_pass_batches(pass_number):
         for x, *rest in shard.one_pass(shuffle, seed, pass_number):
-            yield (x if shard.images else x.reshape((-1, *input_shape))), *rest
+            yield shard.stored.model_x(x, input_shape), *rest
 
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
@@ -356,16 +305,12 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
         local_replicas = input_context.num_replicas_in_sync // input_context.num_input_pipelines
         padding = steps * local_replicas * batch - shard.rows
-        if shard.images:  # padding: any image that decodes
-            blank = tf.io.encode_png(tf.zeros((1, 1, input_shape[-1]), tf.uint8)).numpy()
-
         def rows():
             for x, y, *weight in shard.batches(range(shard.record_batches)):
                 ones = np.ones(len(y), np.float32)
-                yield (x if shard.images else x.reshape((-1, *input_shape))), y, ones, weight[0] if weight else ones
+                yield shard.stored.model_x(x, input_shape), y, ones, weight[0] if weight else ones
             if padding:
-                x = np.array([blank] * padding, dtype=object) if shard.images else \
-                    np.zeros((padding, *input_shape), np.float32)
+                x = shard.stored.padding(tf, padding, input_shape)
                 zeros = np.zeros(padding, np.float32)
                 yield x, np.zeros(padding, shard.label_dtype), zeros, zeros
 
