@@ -3,10 +3,15 @@ past its memory after setting up TensorFlow and the model plus 512 MB (a reader 
 once would). bench/memory_bench.py measures 0.3, 1 and 3 GB."""
 
 import os
+import re
+import threading
+import uuid
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
+from conftest import training_processes
 
 import tfbarrier
 
@@ -66,6 +71,76 @@ def test_a_driver_jvm_that_cannot_hold_the_model_fails_in_words_and_the_session_
     assert "Spark's driver could not hold what the job sent through it" in outcome["message"]
     assert "spark.driver.memory" in outcome["message"]
     assert outcome["then"] == {"epochs": 1}
+
+
+def last_job_id(spark):
+    """The id of a job run now, in a job group of its own: Spark numbers a context's jobs 0, 1, 2..., so
+    two of these one apart mean that Spark ran no job between them (whatever its group)."""
+    context, ids = spark.sparkContext, []
+
+    def probe():
+        group = f"tfbarrier-test-probe-{uuid.uuid4().hex}"
+        context.setJobGroup(group, "counting jobs")
+        context.parallelize([0], 1).count()
+        ids.extend(context.statusTracker().getJobIdsForGroup(group))
+
+    thread = threading.Thread(target=probe)  # the group stays on that thread
+    thread.start()
+    thread.join()
+    (job,) = ids
+    return job
+
+
+class NewProcesses(threading.Thread):
+    """While it runs, every training process (spares included) and spare keeper of this test session that
+    was not there when it started, looked for every 0.1 s."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.before, self.seen, self.done = self.now(), set(), threading.Event()
+        self.start()
+
+    @staticmethod
+    def now():
+        return set(training_processes(spares=True)) | set(training_processes(spares=True, module="tfbarrier.spares"))
+
+    def run(self):
+        while not self.done.wait(0.1):
+            self.seen |= self.now() - self.before
+
+    def stop(self):
+        self.done.set()
+        self.join()
+        return self.seen | (self.now() - self.before)
+
+
+def test_on_a_local_master_a_fit_over_its_share_of_the_machine_is_refused_before_any_job_or_process(spark, digits_df):
+    """The default branch: no spark.executor.pyspark.memory, a local master, whose workers share the
+    machine's available memory. What each of 2 workers needs is over it: its batch of 64 float32 features
+    alone is more than this machine's whole memory (a batch is estimated, never allocated; weights doing
+    it alone would take about a gigabyte). The refusal comes before the stage: Spark runs no job and no
+    training process starts."""
+    import keras
+    import psutil
+
+    from tfbarrier.errors import ModelError
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    batch_size = 2 * (psutil.virtual_memory().total // (64 * 4) + 1)  # rows per worker x 64 x 4 bytes > total
+    before = last_job_id(spark)
+    watch = NewProcesses()
+    with pytest.raises(ModelError) as refused:
+        tfbarrier.fit(digits_df, model, features="pixels", label="digit", batch_size=batch_size, num_workers=2,
+                      verbose=0)
+    started = watch.stop()
+    assert last_job_id(spark) == before + 1, "Spark ran a job before the refusal"
+    assert started == set(), f"training processes started before the refusal: {started}"
+    message = str(refused.value)
+    assert re.search(r"each training process needs about [\d.]+ GB \(TensorFlow 650 MB, weights [\d.]+ KB, .*"
+                     r"a batch [\d.]+ GB\), but can have about [\d.]+ GB: this machine has [\d.]+ GB available for "
+                     r"2 workers\. To fit: use fewer workers \(num_workers\)", message), message
+    assert "spark.tfbarrier.memoryCheck=false" in message
 
 
 def test_what_a_worker_needs_is_checked_against_its_share_of_the_host():
