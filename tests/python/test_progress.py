@@ -6,7 +6,7 @@ import socket
 import cloudpickle
 import psutil
 import pytest
-from conftest import digits_cnn
+from conftest import digits_cnn, overshooting_line
 from support import faults
 
 import tfbarrier
@@ -109,18 +109,35 @@ def test_when_no_task_reaches_the_driver_the_user_is_warned_that_progress_was_un
     assert server.events == []
 
 
-def test_the_bars_loss_is_the_loss_keras_reports_for_the_global_batch(digits_df):
+def global_batch_losses(steps):
+    """The loss of each of the first ``steps`` global batches of overshooting_line on opposite_workers
+    (conftest): ((w - 2)² + (w + 3)²) / 2 at the step's w, before the step w -= 1.2 (2w + 1), from w = 0."""
+    w, losses = 0.0, []
+    for _ in range(steps):
+        losses.append(((w - 2) ** 2 + (w + 3) ** 2) / 2)
+        w -= 1.2 * (2 * w + 1)
+    return losses
+
+
+def test_the_bars_loss_is_the_loss_keras_reports_for_the_global_batch(opposite_workers):
     # With 2 workers, tf_keras's per-batch logs add up both workers' running means: the bar showed ~2x.
-    result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=2, batch_size=64,
-                           num_workers=2, steps_per_epoch=4, callbacks=faults.slow_steps(1.05), seed=1, verbose=0)
+    # Every worker's rows are alike (y = 2 on worker 0, y = -3 on worker 1), so each step's loss over the
+    # global batch is known beforehand: the bar's loss after a step is their running mean over the epoch.
+    expected = global_batch_losses(8)  # 6.5, 6.74, 7.2104, 8.132384, ...
+    result = tfbarrier.fit(opposite_workers[0], overshooting_line, features="x", label="y", epochs=2, batch_size=8,
+                           num_workers=2, steps_per_epoch=4, shuffle=False, callbacks=faults.slow_steps(1.05),
+                           verbose=0)
     chief = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == 0]
-    for epoch, loss in enumerate(result.history["loss"]):
+    for epoch in range(2):
         steps = [m for m in chief if "loss" in m and "epoch" not in m and epoch * 4 < m["steps"] <= (epoch + 1) * 4]
-        last_step = max(steps, key=lambda m: m["steps"])
-        assert last_step["steps"] == (epoch + 1) * 4  # the running loss after the epoch's last step ...
-        assert last_step["loss"] == pytest.approx(loss, rel=1e-4)  # ... is the epoch's loss
+        assert steps and max(m["steps"] for m in steps) == (epoch + 1) * 4  # up to the epoch's last step
+        for message in steps:  # the running loss after each step the bar showed
+            so_far = expected[epoch * 4:message["steps"]]
+            assert message["loss"] == pytest.approx(sum(so_far) / len(so_far), rel=1e-4), (epoch, message)
+        epoch_loss = sum(expected[epoch * 4:(epoch + 1) * 4]) / 4
         epoch_end = [m for m in chief if m.get("epoch") == epoch]
-        assert epoch_end[0]["loss"] == loss  # and the bar ends the epoch on it
+        assert epoch_end[0]["loss"] == pytest.approx(epoch_loss, rel=1e-4)  # the bar ends the epoch on it
+        assert result.history["loss"][epoch] == pytest.approx(epoch_loss, rel=1e-4)
 
 
 def test_steps_and_progress_count_every_step_with_steps_per_execution(digits_df):
