@@ -45,10 +45,17 @@ def held_out_images(digits):
     return np.stack(digits[1]["pixels"].to_numpy()).reshape(-1, 8, 8, 1).astype("float32")
 
 
+CONTROL_IMPORT = "colorsys"  # a module no training process imports: the factory does, to show that imports are seen
+
+
 def record_imports_and_pause(directory, pause=0.0):
-    """A callbacks factory: each training process writes which of mlflow and tf_keras it has imported
-    once it has trained (tf_keras, which it does import, shows that the record sees imports); the chief
-    waits ``pause`` seconds after its first epoch, once that epoch's metrics are on their way."""
+    """A callbacks factory: each training process appends to ``<pid>.jsonl`` in ``directory`` which of
+    mlflow and tf_keras are in its sys.modules (tf_keras, which it does import, shows that the record sees
+    imports) when the factory runs (what was imported before), at the start of training, after every batch
+    and at its end; and from the factory on, every import of an mlflow module as it happens, whenever that
+    is until the process exits (a finder first in sys.meta_path notes it and lets the import go on; the
+    factory's own import of CONTROL_IMPORT shows that it sees them). The chief waits ``pause`` seconds after
+    its first epoch, once that epoch's metrics are on their way."""
     def factory():
         import json
         import os
@@ -58,16 +65,39 @@ def record_imports_and_pause(directory, pause=0.0):
         import tf_keras
 
         chief = json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0
+        path = os.path.join(directory, f"{os.getpid()}.jsonl")
+
+        def write(record):
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+        def note(when):
+            write({"when": when, "imported": sorted({name.split(".")[0] for name in sys.modules} & {"mlflow", "tf_keras"})})
+
+        class Imports:  # an importlib meta path finder that finds nothing: it only looks
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("mlflow", CONTROL_IMPORT):
+                    write({"when": "import", "module": name})
+                return None
+
+        note("factory")
+        sys.meta_path.insert(0, Imports())
+        sys.modules.pop(CONTROL_IMPORT, None)
+        __import__(CONTROL_IMPORT)
 
         class Record(tf_keras.callbacks.Callback):
+            def on_train_begin(self, logs=None):
+                note("train_begin")
+
+            def on_train_batch_end(self, batch, logs=None):
+                note("batch")
+
             def on_epoch_end(self, epoch, logs=None):
                 if chief and epoch == 0:
                     time.sleep(pause)
 
             def on_train_end(self, logs=None):
-                imported = sorted({name.split(".")[0] for name in sys.modules} & {"mlflow", "tf_keras"})
-                with open(os.path.join(directory, f"{os.getpid()}.json"), "w") as f:
-                    json.dump(imported, f)
+                note("train_end")
 
         return [Record()]
 
@@ -167,8 +197,15 @@ def test_the_run_keeps_the_curves_the_timings_the_workers_and_the_attempts(fitte
 
 def test_the_training_processes_never_import_mlflow(fitted):
     _, _, imports, _ = fitted
-    records = [json.loads(path.read_text()) for path in imports.iterdir()]
-    assert records == [["tf_keras"], ["tf_keras"]]  # both processes: tf_keras seen, mlflow never imported
+    records = [[json.loads(line) for line in path.read_text().splitlines()] for path in imports.iterdir()]
+    assert len(records) == 2  # both processes
+    for record in records:
+        looks = [entry for entry in record if "imported" in entry]
+        assert [entry["when"] for entry in looks] == ["factory", "train_begin", *["batch"] * len(looks[2:-1]),
+                                                      "train_end"] and len(looks) > 4, record
+        assert all(entry["imported"] == ["tf_keras"] for entry in looks), record  # tf_keras seen, never mlflow
+        # no import of mlflow at any time, before exit included; the control import was seen
+        assert [entry for entry in record if "module" in entry] == [{"when": "import", "module": CONTROL_IMPORT}]
 
 
 def fail_after_the_first_epoch():
