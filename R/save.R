@@ -43,18 +43,19 @@ save_model.default <- function(model, filepath, ...) {
 #' @export
 tf_save <- function(fit, path) {
   check_given(c("fit", "path"))
-  check_fit(fit)
-  expanded <- as_path(path)
-  tf_call(fit$python$save(expanded))
-  invisible(path)
+  write_fit(fit, path, "save")
 }
 
 #' @rdname save_model
 #' @export
 tf_export <- function(fit, path) {
   check_given(c("fit", "path"))
+  write_fit(fit, path, "export")
+}
+
+# The FitResult's `method` ("save" or "export") writing the fit's model to `path`; `path`, invisibly.
+write_fit <- function(fit, path, method) {
   check_fit(fit)
-  expanded <- as_path(path)
-  tf_call(fit$python$export(expanded))
+  tf_call(fit$python[[method]](as_path(path)))
   invisible(path)
 }
