@@ -10,6 +10,12 @@ def outcomes():
     return run_driver("concurrent_fits.py", timeout=900)
 
 
+def training_span(outcome):
+    """(first step, end) of a fit's training: its first worker's first step to its last worker's end, by
+    their training processes' clocks (time.time() on this one machine)."""
+    return min(w["first_step_at"] for w in outcome["workers"]), max(w["finished_at"] for w in outcome["workers"])
+
+
 def test_two_concurrent_fits_do_not_collide_and_both_finish(outcomes):
     fits = {name: outcomes[name] for name in ("a", "b")}
     for name, outcome in fits.items():
@@ -18,6 +24,10 @@ def test_two_concurrent_fits_do_not_collide_and_both_finish(outcomes):
         assert outcome["workers"][0]["checksum"] == outcome["workers"][1]["checksum"]
     ports = [w["port"] for outcome in fits.values() for w in outcome["workers"]]
     assert len(set(ports)) == 4
+    # They ran at once: each one's training had begun before the other's ended (each chief held on at its
+    # end until the other's had ended too, support/concurrent_fits.hold_until_both_trained)
+    (a_began, a_ended), (b_began, b_ended) = training_span(fits["a"]), training_span(fits["b"])
+    assert max(a_began, b_began) < min(a_ended, b_ended), {"a": (a_began, a_ended), "b": (b_began, b_ended)}
 
 
 def test_tune_trains_two_trials_of_two_workers_at_once_on_four_slots(outcomes):

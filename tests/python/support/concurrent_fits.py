@@ -1,6 +1,6 @@
-"""Driver program for test_concurrency, on one local[4] Spark: two fits at once from two threads; a
-tune of 2-worker trials, two at a time; a tune interrupted by Ctrl-C. Prints one JSON line with what
-each did."""
+"""Driver program for test_concurrency, on one local[4] Spark: two fits at once from two threads (their
+workers' training times, to show that they overlapped); a tune of 2-worker trials, two at a time; a tune
+interrupted by Ctrl-C. Prints one JSON line with what each did."""
 
 import json
 import os
@@ -20,11 +20,39 @@ df.count()
 outcomes = {}
 
 
-def train(name):
+def hold_until_both_trained(directory, seconds=120):
+    """A callbacks factory for two fits: each one's chief, at the end of its training, waits until the
+    other's has ended its training too (at most ``seconds``; it never fails), so that fits that run at
+    once, however far apart they started on a busy machine, are both seen training at the same time.
+    Fits run one after another are not: the first goes on alone after ``seconds``."""
+    def factory():
+        import json
+        import os
+        import time
+        import uuid
+
+        import tf_keras
+
+        class Hold(tf_keras.callbacks.Callback):
+            def on_train_end(self, logs=None):
+                if json.loads(os.environ["TF_CONFIG"])["task"]["index"] != 0:
+                    return
+                open(os.path.join(directory, uuid.uuid4().hex), "w").close()
+                deadline = time.monotonic() + seconds
+                while len(os.listdir(directory)) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+
+        return [Hold()]
+
+    return factory
+
+
+def train(name, callbacks):
     try:
         result = tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", epochs=2, batch_size=64,
-                               num_workers=2, tf_threads=1)
-        outcomes[name] = {"workers": [{k: w[k] for k in ("port", "checksum", "rows")} for w in result.workers],
+                               num_workers=2, tf_threads=1, callbacks=callbacks)
+        outcomes[name] = {"workers": [{k: w[k] for k in ("port", "checksum", "rows", "first_step_at", "finished_at")}
+                                      for w in result.workers],
                           "loss": result.history["loss"]}
     except Exception as exc:  # reported to the test
         outcomes[name] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -67,7 +95,8 @@ def interrupted_tune():
             "active_jobs": list(spark.sparkContext.statusTracker().getActiveJobsIds())}
 
 
-threads = [threading.Thread(target=train, args=(name,)) for name in ("a", "b")]
+both_trained = hold_until_both_trained(tempfile.mkdtemp())
+threads = [threading.Thread(target=train, args=(name, both_trained)) for name in ("a", "b")]
 for thread in threads:
     thread.start()
 for thread in threads:
