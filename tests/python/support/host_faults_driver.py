@@ -158,6 +158,7 @@ def cut_link_retried():
     finally:
         tfb_stage.REPLACEMENT_WAIT = settings.REPLACEMENT_WAIT
     outcome["restored_at"] = ask("restore", outcome["faulted_host"])
+    outcome["replacement_wait"] = REPLACEMENT_WAIT
     return outcome
 
 
