@@ -2,7 +2,8 @@
 returns a callbacks factory. The faults act in the chosen worker (read from TF_CONFIG), at the first
 batch end from step 2 of their epoch on (with steps_per_execution > 1, Keras reports batch ends every
 few steps); ``kill`` only in the first submission of the job (TFBARRIER_ATTEMPT). ``slow_steps`` slows
-every batch end, of every worker or of the one given."""
+every batch end, of every worker or of the one given; ``record_steps`` injects nothing: it notes the
+steps each worker ran in each submission."""
 
 import json
 import os
@@ -150,3 +151,30 @@ def control_at_step(ask, epoch, step, worker=0, target=1):
         return [_callback(act)]
 
     return factory
+
+
+def record_steps(directory):
+    """Every worker notes each step it ran (at its batch end, after tfbarrier's own callbacks: a checkpoint
+    due at that step is saved) as a line "epoch step" in ``directory``/<attempt>-<worker>: what each
+    submission of the job ran, counted apart from tfbarrier's own record. ``directory``: one every worker
+    sees. Use steps_per_execution=1 (with more, a batch end comes every few steps)."""
+    def factory():
+        path = os.path.join(directory, f"{os.environ.get('TFBARRIER_ATTEMPT')}-{_worker_index()}")
+
+        def act(epoch, batch):
+            with open(path, "a") as f:
+                f.write(f"{epoch} {batch}\n")
+
+        return [_callback(act)]
+
+    return factory
+
+
+def recorded_steps(directory):
+    """What record_steps noted in ``directory``: {(attempt, worker): [(epoch, step), ...] in order}."""
+    found = {}
+    for name in os.listdir(directory):
+        attempt, worker = (int(part) for part in name.split("-"))
+        with open(os.path.join(directory, name)) as f:
+            found[attempt, worker] = [tuple(int(n) for n in line.split()) for line in f if line.strip()]
+    return found

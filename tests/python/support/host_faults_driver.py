@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -178,18 +179,36 @@ def lost_host():
     return outcome
 
 
+def seeded_fit(**fit_args):
+    """A fit that trains the same every time: the same initial weights (the model object brings them) and
+    the same order of the data (seed); every step within 2 epochs of 10."""
+    import keras
+
+    keras.utils.set_random_seed(1)
+    return tfbarrier.fit(df, digits_cnn(), epochs=2, steps_per_epoch=10, steps_per_execution=1, seed=7,
+                         **dict(FIT, **fit_args))
+
+
 def lost_host_resumes():
     """Host 1 is killed mid-epoch 1 and a new worker starts there at once: with max_retries and
-    checkpoint_dir the fit runs again (once the new executor registered) and resumes."""
+    checkpoint_dir the fit runs again (once the new executor registered) and resumes. A callback notes
+    the steps each attempt ran on each worker; then the same fit runs uninterrupted, for its weights."""
     checkpoints = os.path.join(config["dir"], "checkpoints")
-    callbacks = [faults.slow_steps(SLOW_STEP),
+    ran = tempfile.mkdtemp(prefix="steps-ran-", dir=config["dir"])  # this scenario's own: bench runs it again
+    callbacks = [faults.record_steps(ran), faults.slow_steps(SLOW_STEP),
                  faults.control_at_step(asking("stop_host", "start_host"), epoch=1, step=3)]
-    result = tfbarrier.fit(df, digits_cnn(), epochs=2, steps_per_epoch=10, steps_per_execution=1, max_retries=1,
-                           checkpoint_dir=checkpoints, checkpoint_every=2,
-                           callbacks=lambda: [c for f in callbacks for c in f()], **FIT)
-    return {"history": result.history, "attempts": result.attempts, "hosts": sorted(w["host"] for w in result.workers),
-            "steps": [w["steps"] for w in result.workers], "faulted_host": fault_time("stop_host")[1],
-            "left": left_behind()}
+    result = seeded_fit(max_retries=1, checkpoint_dir=checkpoints, checkpoint_every=2,
+                        callbacks=lambda: [c for f in callbacks for c in f()])
+    outcome = {"history": result.history, "attempts": result.attempts,
+               "hosts": sorted(w["host"] for w in result.workers), "steps": [w["steps"] for w in result.workers],
+               "faulted_host": fault_time("stop_host")[1], "left": left_behind(),
+               "ran": [{"attempt": attempt, "worker": worker, "steps": steps}
+                       for (attempt, worker), steps in sorted(faults.recorded_steps(ran).items())],
+               "weights": [w.tolist() for w in result.model.get_weights()]}
+    uninterrupted = seeded_fit()
+    outcome["uninterrupted"] = {"history": uninterrupted.history,
+                                "weights": [w.tolist() for w in uninterrupted.model.get_weights()]}
+    return outcome
 
 
 def steady_fit(**fit_args):
