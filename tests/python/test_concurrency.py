@@ -24,8 +24,8 @@ def test_two_concurrent_fits_do_not_collide_and_both_finish(outcomes):
         assert outcome["workers"][0]["checksum"] == outcome["workers"][1]["checksum"]
     ports = [w["port"] for outcome in fits.values() for w in outcome["workers"]]
     assert len(set(ports)) == 4
-    # They ran at once: each one's training had begun before the other's ended (each chief held on at its
-    # end until the other's had ended too, support/concurrent_fits.hold_until_both_trained)
+    # They ran at once: each one's training had begun before the other's ended (each chief waited at its
+    # end for the other's, conftest.meet_in_pairs)
     (a_began, a_ended), (b_began, b_ended) = training_span(fits["a"]), training_span(fits["b"])
     assert max(a_began, b_began) < min(a_ended, b_ended), {"a": (a_began, a_ended), "b": (b_began, b_ended)}
 

@@ -20,33 +20,6 @@ df.count()
 outcomes = {}
 
 
-def hold_until_both_trained(directory, seconds=120):
-    """A callbacks factory for two fits: each one's chief, at the end of its training, waits until the
-    other's has ended its training too (at most ``seconds``; it never fails), so that fits that run at
-    once, however far apart they started on a busy machine, are both seen training at the same time.
-    Fits run one after another are not: the first goes on alone after ``seconds``."""
-    def factory():
-        import json
-        import os
-        import time
-        import uuid
-
-        import tf_keras
-
-        class Hold(tf_keras.callbacks.Callback):
-            def on_train_end(self, logs=None):
-                if json.loads(os.environ["TF_CONFIG"])["task"]["index"] != 0:
-                    return
-                open(os.path.join(directory, uuid.uuid4().hex), "w").close()
-                deadline = time.monotonic() + seconds
-                while len(os.listdir(directory)) < 2 and time.monotonic() < deadline:
-                    time.sleep(0.1)
-
-        return [Hold()]
-
-    return factory
-
-
 def train(name, callbacks):
     try:
         result = tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", epochs=2, batch_size=64,
@@ -95,7 +68,9 @@ def interrupted_tune():
             "active_jobs": list(spark.sparkContext.statusTracker().getActiveJobsIds())}
 
 
-both_trained = hold_until_both_trained(tempfile.mkdtemp())
+# Each chief waits at the end of its training for the other (conftest.meet_in_pairs): fits that run at once,
+# however far apart they started on a busy machine, are both seen training at the same time.
+both_trained = meet_in_pairs(tempfile.mkdtemp(), pairs=1, seconds=120)
 threads = [threading.Thread(target=train, args=(name, both_trained)) for name in ("a", "b")]
 for thread in threads:
     thread.start()
