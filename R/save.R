@@ -56,6 +56,7 @@ tf_export <- function(fit, path) {
 # The FitResult's `method` ("save" or "export") writing the fit's model to `path`; `path`, invisibly.
 write_fit <- function(fit, path, method) {
   check_fit(fit)
-  tf_call(fit$python[[method]](as_path(path)))
+  expanded <- as_path(path)
+  tf_call(fit$python[[method]](expanded))
   invisible(path)
 }
