@@ -33,6 +33,8 @@ IMAGE_CHANNELS = (1, 3, 4)
 class FloatRows:
     """x as a fixed-size list of float32 per row: one flat feature vector, reshaped to the model's input."""
 
+    decoded = False  # rows reach the model as they are: none can fail to be read
+
     @staticmethod
     def matches(x_type):
         return pa.types.is_fixed_size_list(x_type)
@@ -85,6 +87,8 @@ class FloatRows:
 
 class EncodedImages:
     """x as one encoded image file per row, decoded (images.py) after the shuffle, in parallel."""
+
+    decoded = True  # a row that does not decode fails the pipeline: first_unreadable finds it
 
     @staticmethod
     def matches(x_type):

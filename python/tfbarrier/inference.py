@@ -122,7 +122,6 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
 
         layout = features_layout(from_arrow_schema(batch.schema), batch.schema.names if features is None else features,
                                  scoring=True)
-        layout.check_input(input_shape)
         raw = _batch_outputs(model, layout, batch, input_shape, batch_size, 0)
     return _outputs(raw, output, transform)
 

@@ -61,8 +61,10 @@ class ProgressDisplay:
         now = message["received_at"]
         if self._first is None and steps:
             self._first = (now, steps)
-        elif samples_per_second(self._first, now, steps, self.global_batch) is not None:
-            postfix["samples/s"] = f"{samples_per_second(self._first, now, steps, self.global_batch):,.0f}"
+        else:
+            rate = samples_per_second(self._first, now, steps, self.global_batch)
+            if rate is not None:
+                postfix["samples/s"] = f"{rate:,.0f}"
         self._bar.set_postfix(postfix, refresh=False)
         if message.get("epoch") is not None and message.get("logs"):
             metrics = "  ".join(f"{k} {v:.4f}" for k, v in message["logs"].items())

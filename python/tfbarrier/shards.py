@@ -194,7 +194,9 @@ class Shard:
 
     def first_unreadable(self, input_shape):
         """(position in the partition, reason) of the shard's first row the model cannot take (an image
-        that does not decode), else None."""
+        that does not decode), else None; without reading the shard when its rows are not decoded."""
+        if not self.stored.decoded:
+            return None
         offset = 0
         for x, *_ in self.batches(range(self.record_batches)):
             found = self.stored.first_unreadable(x, input_shape)

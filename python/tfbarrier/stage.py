@@ -19,6 +19,7 @@ from . import cluster, driver_link, faults, progress, protocol, rendezvous, task
 from .errors import ClusterError, JobTimeoutError, TfBarrierError, WorkerLostError
 from .settings import CANCEL_GRACE, REPLACEMENT_WAIT, SPARK_POLL
 
+
 def _text(exc):
     """The exception's message; a Py4J error whose JVM side cannot be asked any more has none."""
     try:

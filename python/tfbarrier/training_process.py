@@ -96,10 +96,11 @@ def main(argv):
         protocol.write_pickle(workdir, protocol.RESULT_FILE, report)
         channel.send(protocol.DONE)
     except BaseException as exc:  # noqa: B902 - every failure must reach the driver
-        if faults.exit_code(exc) == faults.EXIT_FAILED:  # a port clash is no bug to show
+        code = faults.exit_code(exc)
+        if code == faults.EXIT_FAILED:  # a port clash is no bug to show
             traceback.print_exc()
         protocol.write_error(workdir, exc)
-        return faults.exit_code(exc)
+        return code
     return faults.EXIT_OK
 
 
