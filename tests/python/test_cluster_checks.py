@@ -1,66 +1,87 @@
 """Cluster settings a barrier stage cannot live with are refused on the driver, before any job.
-Each case runs a driver of its own (these are settings a session starts with)."""
+These are settings a session starts with: one driver program runs each case in a SparkContext of its own,
+one after another, in a JVM started with none of them."""
 
+import json
 import os
 import re
 import subprocess
 import sys
 
 import pytest
+from conftest import run_driver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = """
-import sys
+import json, sys
 from conftest import digits_cnn, make_spark
 import pandas as pd
 import tfbarrier
-spark = make_spark("local[2]", **{%(conf)s})
-df = spark.createDataFrame(pd.DataFrame({"pixels": [[0.0] * 64] * 4, "digit": [0, 1, 2, 3]}))
-jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
-try:
-    tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", batch_size=2, num_workers=2, %(extra)s)
-    print("OUTCOME fitted")
-except tfbarrier.errors.TfBarrierError as e:
-    jobs_after = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
-    print("OUTCOME", type(e).__name__, jobs_after - jobs_before, str(e))
+make_spark("local[2]").stop()  # the JVM starts (and keeps as system properties) no case's settings
+for name, (conf, extra) in json.loads(sys.argv[1]).items():
+    spark = make_spark("local[2]", **conf)
+    df = spark.createDataFrame(pd.DataFrame({"pixels": [[0.0] * 64] * 4, "digit": [0, 1, 2, 3]}))
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+    try:
+        tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", batch_size=2, num_workers=2, **extra)
+        print("OUTCOME", name, "fitted")
+    except tfbarrier.errors.TfBarrierError as e:
+        jobs_after = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+        print("OUTCOME", name, type(e).__name__, jobs_after - jobs_before, str(e))
+    spark.stop()
 """
+CASES = {
+    "dynamic_allocation": ({"spark.dynamicAllocation.enabled": "true"}, {}),
+    "ssl": ({"spark.ssl.enabled": "true"}, {}),
+    "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True}),
+}
 
 
-def outcome(conf, extra=""):
-    code = DRIVER % {"conf": conf, "extra": extra}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=HERE)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("OUTCOME")]
-    assert lines, out.stderr[-3000:]
-    return lines[0]
+@pytest.fixture(scope="module")
+def outcomes():
+    """{case: the line its fit printed: 'fitted', or the error's class, the jobs it ran and its message}."""
+    out = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(CASES)], capture_output=True, text=True,
+                         timeout=300, cwd=HERE)
+    found = dict(line.split(" ", 2)[1:] for line in out.stdout.splitlines() if line.startswith("OUTCOME "))
+    return {name: found.get(name, out.stderr[-3000:]) for name in CASES}
 
 
-@pytest.mark.parametrize("conf, message", [
-    ('"spark.dynamicAllocation.enabled": "true"', "ClusterError 0 Spark barrier stages cannot run with dynamic allocation"),
-    ('"spark.ssl.enabled": "true"', "ClusterError 0 spark.ssl.enabled is on, but TensorFlow's gRPC traffic"),
+@pytest.mark.parametrize("case, message", [
+    ("dynamic_allocation", "ClusterError 0 Spark barrier stages cannot run with dynamic allocation"),
+    ("ssl", "ClusterError 0 spark.ssl.enabled is on, but TensorFlow's gRPC traffic"),
 ])
-def test_settings_are_refused_before_any_spark_job(conf, message):
-    assert outcome(conf).startswith("OUTCOME " + message)
+def test_settings_are_refused_before_any_spark_job(outcomes, case, message):
+    assert outcomes[case].startswith(message), outcomes[case]
 
 
-def test_encryption_refusal_can_be_overridden():
-    assert outcome('"spark.ssl.enabled": "true"', "epochs=1, allow_unencrypted=True") == "OUTCOME fitted"
+def test_encryption_refusal_can_be_overridden(outcomes):
+    assert outcomes["ssl_allowed"] == "fitted"
 
 
-@pytest.mark.parametrize("master, calls", [
-    ("local[2]", ("fit", "predict", "apply")),  # found on the driver: no task starts
-    ("local-cluster[2,1,1024]", ("fit", "apply")),  # executors elsewhere: their failure is translated
-])
-def test_executors_whose_python_lacks_the_packages_are_named_with_the_fix(tmp_path, master, calls):
-    from conftest import run_driver
+MASTERS = {
+    "local[2]": ("fit", "predict", "apply"),  # found on the driver: no task starts
+    "local-cluster[2,1,1024]": ("fit", "apply"),  # executors elsewhere: their failure is translated
+}
 
-    bare = tmp_path / "python3"  # what `python3` on PATH is for a newcomer: no pyarrow, no tfbarrier
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory):
+    """(the `python3` first on PATH, support/bare_python_driver.py's outcome on each of MASTERS)."""
+    bin_dir = tmp_path_factory.mktemp("bare-python")
+    bare = bin_dir / "python3"  # what `python3` on PATH is for a newcomer: no pyarrow, no tfbarrier
     bare.write_text("#!/bin/sh\nexec /usr/bin/python3 -S \"$@\"\n")
     bare.chmod(0o755)
-    env = dict(os.environ, PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     env.pop("PYSPARK_PYTHON", None)
-    outcome = run_driver("bare_python_driver.py", master, env=env)
+    return bare, run_driver("bare_python_driver.py", *MASTERS, env=env)
+
+
+@pytest.mark.parametrize("master", MASTERS)
+def test_executors_whose_python_lacks_the_packages_are_named_with_the_fix(bare_python, master):
+    bare, outcomes = bare_python
+    outcome = outcomes[master]
     assert outcome["executor_python"] == "python3"
-    for call in calls:
+    for call in MASTERS[master]:
         assert outcome[call]["error"] == "ClusterError", outcome[call]
         message = outcome[call]["message"]
         assert re.search(r"has no module '(pyarrow|pandas|tfbarrier)'", message), message
