@@ -15,6 +15,15 @@ import pytest
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The tests' JVMs live seconds to minutes and run little hot code: C1 alone compiles it for about a quarter
+# less CPU (test_gpus.py: 158 CPU-s against 186, test_memory.py: 109 against 138), and the suite is bound by
+# its 2 cores.
+# SPARK_SUBMIT_OPTS reaches the drivers' JVMs, SPARK_DAEMON_JAVA_OPTS standalone masters and workers,
+# SPARK_LAUNCHER_OPTS the JVM that spark-submit starts first, make_spark's spark.executor.defaultJavaOptions
+# the executors.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "SPARK_LAUNCHER_OPTS"):
+    os.environ.setdefault(_variable, TEST_JVM_OPTIONS)
 # Every process this session starts (Spark's JVM, its Python workers, their training processes)
 # inherits this tag, so leftover checks see this session's processes only, orphans included.
 SESSION_TAG = uuid.uuid4().hex
@@ -202,6 +211,7 @@ def make_spark(master="local[2]", **conf):
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
+        .config("spark.executor.defaultJavaOptions", TEST_JVM_OPTIONS)
     )
     if tuple(map(int, pyspark.__version__.split(".")[:2])) < (4, 1):  # no DataFrame of ndarray rows without Arrow
         builder = builder.config("spark.sql.execution.arrow.pyspark.enabled", "true")
