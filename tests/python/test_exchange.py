@@ -1,0 +1,119 @@
+"""exchange.py's ring: the sums, and who gets in. Each rank runs in a thread of this process with a real
+listening socket on 127.0.0.1 (no TensorFlow, no Spark)."""
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tfbarrier.errors import WorkerError
+from tfbarrier.exchange import NONCE_BYTES, Ring
+
+SECRET = b"the job's secret"
+
+
+def listeners(n):
+    socks = []
+    for _ in range(n):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        socks.append(sock)
+    return socks, [f"127.0.0.1:{sock.getsockname()[1]}" for sock in socks]
+
+
+def in_threads(n, work, secrets=None, timeout=10.0):
+    """Run ``work(ring)`` on every rank of an ``n``-process ring (rank i holding ``secrets[i]``): each
+    rank's result, or the exception it raised."""
+    socks, addresses = listeners(n)
+    results = [None] * n
+
+    def rank(i):
+        try:
+            ring = Ring.join(i, addresses, (secrets or [SECRET] * n)[i], socks[i], timeout=timeout)
+            try:
+                results[i] = work(ring)
+            finally:
+                ring.close()
+        except Exception as exc:  # noqa: B902 - the test looks at it
+            results[i] = exc
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for sock in socks:
+        sock.close()
+    return results
+
+
+@pytest.mark.parametrize("n, length, dtype", [(1, 5, "int64"), (2, 7, "int64"), (3, 2, "int64"), (4, 1001, "int64"),
+                                              (3, 50, "float32")])
+def test_the_ring_sums_every_ranks_array_on_every_rank(n, length, dtype):
+    # arrays shorter than the ring leave some chunks empty; lengths not divisible by n make them uneven
+    arrays = [np.random.default_rng(i).integers(-1000, 1000, size=(length,)).astype(dtype) for i in range(n)]
+    results = in_threads(n, lambda ring: [ring.all_reduce_sum(arrays[ring.rank] * k) for k in (1, 2)])
+    expected = np.sum(arrays, axis=0)
+    for i, result in enumerate(results):
+        assert not isinstance(result, Exception), result
+        np.testing.assert_array_equal(result[0], expected)
+        np.testing.assert_array_equal(result[1], 2 * expected)  # a second reduce on the same connections
+        assert result[0].dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(arrays[i], np.random.default_rng(i).integers(-1000, 1000, size=(length,)))
+
+
+def test_a_stranger_gets_nothing_and_the_ring_forms_anyway():
+    socks, addresses = listeners(2)
+    heard, connected = {}, threading.Event()
+
+    def stranger():
+        with socket.create_connection(socks[0].getsockname(), timeout=10) as conn:
+            connected.set()  # in rank 0's backlog (the kernel completed the connection), before rank 1
+            heard["nonce"] = len(conn.recv(NONCE_BYTES))
+            conn.sendall(b"\x00\x00\x00\x01" + b"x" * (NONCE_BYTES + 32))  # rank 1, without the secret
+            heard["after"] = conn.recv(64)  # closed, no welcome
+
+    intruder = threading.Thread(target=stranger)
+    intruder.start()
+    assert connected.wait(10)
+    results = [None, None]
+
+    def rank(i):
+        ring = Ring.join(i, addresses, SECRET, socks[i], timeout=10)
+        results[i] = ring.all_reduce_sum(np.array([i + 1.0]))
+        ring.close()
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads + [intruder]:
+        thread.join(30)
+    assert heard == {"nonce": NONCE_BYTES, "after": b""}
+    assert [r.tolist() for r in results] == [[3.0], [3.0]]
+
+
+def test_a_peer_with_another_secret_is_refused_in_words_on_both_sides():
+    started = time.monotonic()
+    results = in_threads(2, lambda ring: ring.all_reduce_sum(np.ones(3)), secrets=[SECRET, b"another job"], timeout=3)
+    assert time.monotonic() - started < 30
+    for result in results:
+        assert isinstance(result, WorkerError) and not result.retryable, result
+        assert "secret" in str(result)
+
+
+def test_a_rank_that_goes_silent_fails_the_others_with_a_retryable_error_naming_it():
+    def work(ring):
+        if ring.rank == 2:
+            return "left"  # closes its connections without reducing
+        return ring.all_reduce_sum(np.ones(10))
+
+    started = time.monotonic()
+    results = in_threads(3, work, timeout=3)
+    assert time.monotonic() - started < 30
+    assert results[2] == "left"
+    assert isinstance(results[0], WorkerError) and results[0].retryable, results[0]
+    assert results[0].worker == 2 and "went silent" in str(results[0])
+    assert isinstance(results[1], WorkerError) and results[1].retryable, results[1]
