@@ -118,6 +118,7 @@ bench: venv $(BENCH_SITE)/.installed
 	$(PY) bench/first_step_bench.py
 	$(PY) bench/env_bench.py
 	$(PY) bench/predict_bench.py
+	$(PY) bench/exchange_bench.py
 
 venv: system-deps $(STAMP)
 

@@ -1,0 +1,117 @@
+"""tfbarrier's own ring all-reduce (exchange.py, authenticated) against TensorFlow's collective all-reduce
+(MultiWorkerMirroredStrategy, RING, the path fits take today), two processes on loopback, float32 buffers
+of gradient sizes: seconds per all-reduce (the slower rank's), rounds interleaved.
+
+    python bench/exchange_bench.py [--mb 1 16 64] [--rounds 3] [--reps 10]
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import harness
+
+HERE = os.path.abspath(__file__)
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def ring_worker(rank, ports, sizes, reps):
+    import numpy as np
+
+    from tfbarrier.exchange import Ring
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", ports[rank]))
+    listener.listen(4)
+    ring = Ring.join(rank, [f"127.0.0.1:{p}" for p in ports], b"bench secret", listener)
+    seconds = {}
+    for size in sizes:
+        buffer = np.ones(size, dtype=np.float32)
+        ring.all_reduce_sum(buffer)  # warm-up
+        started = time.perf_counter()
+        for _ in range(reps):
+            ring.all_reduce_sum(buffer)
+        seconds[size] = (time.perf_counter() - started) / reps
+    ring.close()
+    return seconds
+
+
+def tf_worker(rank, ports, sizes, reps):
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"127.0.0.1:{p}" for p in ports]},
+                                          "task": {"type": "worker", "index": rank}})
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    seconds = {}
+    for size in sizes:
+        with strategy.scope():
+            value = tf.Variable(tf.ones([size]))
+
+        @tf.function
+        def reduce():
+            return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", value.read_value()))
+
+        reduce()  # warm-up: the trace and the collective's set-up
+        started = time.perf_counter()
+        for _ in range(reps):
+            reduce().numpy()
+        seconds[size] = (time.perf_counter() - started) / reps
+    return seconds
+
+
+def launch(kind, sizes, reps):
+    """Two processes of ``kind``; {size: the slower rank's seconds per all-reduce}."""
+    ports = free_ports(2)
+    procs = [subprocess.Popen([sys.executable, HERE, "--worker", kind, str(rank), json.dumps(ports), json.dumps(sizes),
+                               str(reps)], stdout=subprocess.PIPE, text=True,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")) for rank in range(2)]
+    outs = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
+    return {size: max(out[str(size)] for out in outs) for size in sizes}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mb", type=float, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=10)
+    args = parser.parse_args()
+    sizes = [int(mb * 2**20 / 4) for mb in args.mb]
+    results = harness.rounds_of({kind: (lambda kind=kind: launch(kind, sizes, args.reps)) for kind in ("ring", "tf")},
+                                args.rounds, log=print)
+    lines = ["| MB of float32 | exchange.py ring: median ms | TensorFlow RING: median ms | ring / TensorFlow |",
+             "|---|---|---|---|"]
+    for mb, size in zip(args.mb, sizes):
+        ring, tf = (statistics.median(r[size] for r in results[kind]) * 1000 for kind in ("ring", "tf"))
+        lines.append(f"| {mb:g} | {ring:,.1f} | {tf:,.1f} | {ring / tf:.2f} |")
+    body = ("## An all-reduce of our own against TensorFlow's\n\n"
+            f"`{' '.join(['python bench/exchange_bench.py', *sys.argv[1:]])}`: two processes on loopback, "
+            f"{args.reps} all-reduces per size after a warm-up, {args.rounds} rounds interleaved; the slower "
+            "rank's time. Both are called from Python, outside a training step: in a fit the ring would run "
+            "through tf.numpy_function (not measured yet).\n\n" + "\n".join(lines))
+    print(body)
+    harness.write_section("exchange", body)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        kind, rank, ports, sizes, reps = sys.argv[2], int(sys.argv[3]), *map(json.loads, sys.argv[4:6]), int(sys.argv[6])
+        worker = ring_worker if kind == "ring" else tf_worker
+        print(json.dumps(worker(rank, ports, sizes, reps)), flush=True)
+    else:
+        main()
