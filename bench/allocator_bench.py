@@ -13,7 +13,6 @@ model) and the seconds per step after the second. The table is the median (min-m
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -66,18 +65,8 @@ def worker(index, ports, out):
             json.dump({"growth_mb": peak_mb() - baseline, "step_seconds": (ends[-1] - ends[1]) / (len(ends) - 2)}, f)
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def run(env):
-    out, ports = tempfile.mktemp(suffix=".json"), free_ports(2)
+    out, ports = tempfile.mktemp(suffix=".json"), harness.free_ports(2)
     python_path = os.pathsep.join([os.path.join(BENCH, "..", "python"), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=python_path, **env)
     workers = [subprocess.Popen([sys.executable, __file__, "worker", str(i), *map(str, ports), out], env=env,

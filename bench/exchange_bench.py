@@ -19,16 +19,6 @@ import harness
 HERE = os.path.abspath(__file__)
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
-
-
 def ring_worker(rank, ports, sizes, reps):
     import numpy as np
 
@@ -77,7 +67,7 @@ def tf_worker(rank, ports, sizes, reps):
 
 def launch(kind, sizes, reps):
     """Two processes of ``kind``; {size: the slower rank's seconds per all-reduce}."""
-    ports = free_ports(2)
+    ports = harness.free_ports(2)
     procs = [subprocess.Popen([sys.executable, HERE, "--worker", kind, str(rank), json.dumps(ports), json.dumps(sizes),
                                str(reps)], stdout=subprocess.PIPE, text=True,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")) for rank in range(2)]

@@ -91,6 +91,19 @@ def settle(idle_percent=15.0, limit=60.0):
         pass
 
 
+def free_ports(count):
+    """``count`` ports free on 127.0.0.1 now (a benchmark's processes bind them next)."""
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
 def rounds_of(contenders, rounds, log=None):
     """Call each contender once per round, in turn; name -> list of what each call returned."""
     results = {name: [] for name in contenders}
