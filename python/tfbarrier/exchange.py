@@ -1,12 +1,12 @@
 """A ring all-reduce between a job's training processes that admits only the job's own peers.
 
-The first step of docs/gradient-exchange-design.md: not wired into fit yet. A failure is a WorkerError,
-retryable when a peer is missing or went silent, not when a peer cannot prove it belongs to the job. Each process listens on a
+The first step of docs/gradient-exchange-design.md: not wired into fit yet. Each process listens on a
 port of its own and connects to the next in the ring; a connection is kept only after both sides proved
 that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a stranger sends is read
 as data and a recorded exchange cannot be replayed). ``Ring.all_reduce_sum`` sums equal-shaped numpy
 arrays across the ring: reduce-scatter, then all-gather, each process sending 2 (n - 1) / n of the
-array's bytes.
+array's bytes. A failure is a WorkerError, retryable when a peer is missing or went silent, not when a
+peer cannot prove that it belongs to the job.
 """
 
 import hashlib
@@ -39,7 +39,7 @@ def _recv_exactly(sock, size):
         if not n:
             raise ConnectionError("the peer closed the connection")
         got += n
-    return bytes(data)
+    return data
 
 
 def _admit(conn, secret, expected_rank):
@@ -79,7 +79,7 @@ class Ring:
     def join(cls, rank, addresses, secret, listener, timeout=60.0):
         """Connect to the next process in ``addresses`` (``host:port`` of every rank) and admit the
         previous one on ``listener`` (a listening socket on this rank's address). Connections that do not
-        prove ``secret`` (bytes) are closed and the wait goes on; ExchangeError after ``timeout`` s."""
+        prove ``secret`` (bytes) are closed and the wait goes on; WorkerError after ``timeout`` s."""
         size = len(addresses)
         if size == 1:
             return cls(rank, 1, None, None, timeout)
@@ -107,14 +107,14 @@ class Ring:
             listener.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 conn, _ = listener.accept()
-            except (socket.timeout, OSError):
+            except OSError:  # the deadline passed (a timeout is an OSError), or the listener closed
                 return
             conn.settimeout(max(0.01, min(5.0, deadline - time.monotonic())))
             try:
                 if _admit(conn, secret, expected_rank):
                     accepted["conn"] = conn
                     return
-            except (ConnectionError, OSError):
+            except OSError:  # the stranger closed or went quiet
                 pass
             accepted["refused"] = accepted.get("refused", 0) + 1
             conn.close()
