@@ -77,11 +77,12 @@ def _move_output(previous_log, workdir):
 def main(argv):
     _exit_with_parent()
     faulthandler.register(protocol.STACKS_SIGNAL, all_threads=True)  # to fd 2, the task's log once adopted
-    name_process("tfb-spare")  # until a task adopts it: what `ps -o comm` shows
+    name_process("tfb-starting")  # what `ps -o comm` shows while TensorFlow imports
     channel = protocol.Channel(socket.socket(fileno=int(argv[1])))
     gpus = os.environ.get(settings.GPUS_ENV)  # fixed from here on: TensorFlow reads it once
     tf, import_error = _import_tensorflow()
     imported = time.time()
+    name_process("tfb-spare")  # ready, until a task adopts it
     message = channel.wait_for(protocol.JOB)
     name_process("tfb-worker")
     workdir = message["workdir"]

@@ -5,6 +5,7 @@ retires idle ones: spares must outlive them. Prints one JSON line."""
 import json
 import time
 
+import psutil
 from conftest import SESSION_TAG, digits_cnn, digits_frames, make_spark, training_processes
 
 import tfbarrier
@@ -19,6 +20,18 @@ def idle_spares():
     return sorted(set(training_processes(spares=True)) - set(training_processes()))
 
 
+def ready_spares():
+    """Idle spares that have imported TensorFlow (training_process.py renames itself then)."""
+    return [pid for pid in idle_spares() if _name(pid) == "tfb-spare"]
+
+
+def _name(pid):
+    try:
+        return psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
+        return None
+
+
 def wait_for(condition, seconds=60):
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:
@@ -29,8 +42,10 @@ def fit(spares=2, idle_out=False):
     """A fit, then its ``spares`` idle spares awaited (their keepers start them after the tasks end) and,
     with ``idle_out``, awaited until they are gone. With ``spares=0``, a second for any to appear."""
     result = tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64)
-    if spares:
+    if idle_out:  # a spare may time out before it has imported TensorFlow
         wait_for(lambda: len(idle_spares()) >= spares)
+    elif spares:  # ready ones: a fit that adopts a spare still importing TensorFlow waits for it
+        wait_for(lambda: len(ready_spares()) >= spares)
     else:
         time.sleep(1)
     seen = idle_spares()
