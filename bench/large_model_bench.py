@@ -188,7 +188,7 @@ def refused(report, spark, model):
     from tfbarrier.errors import ModelError
 
     try:
-        memory.check_on_driver(spark, memory.ModelSize.of(model), memory.batch_bytes(BATCH, 2, (INPUT,)), 2)
+        memory.check_on_driver(spark, memory.ModelSize.of(model), BATCH // 2, 2)
     except ModelError as exc:
         report["refused"] = str(exc)
         return True

@@ -294,8 +294,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         spark = data.sparkSession
         basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
         gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
-        memory.check_on_driver(spark, spec.size, memory.batch_bytes(training["batch_size"], num_workers, spec.input_shape),
-                               num_workers)
+        memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
         job = FitJob(model=spec, layout=layout, source=source,
                      callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,

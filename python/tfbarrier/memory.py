@@ -2,16 +2,15 @@
 that cannot fit, naming the numbers, instead of letting the kernel's OOM killer or a container's limit
 end the job (or the machine) mid-way.
 
-A training process holds TensorFlow itself (TENSORFLOW_BYTES, measured on the benchmark machine),
-the model's variables, the optimizer's slots (per trainable weight: none for plain SGD, one with
-momentum, two for Adam...), the gradients, a batch, and TensorFlow's working memory: the temporaries
-of a step (the all-reduce's pieces of the gradients and their sums, the gradients joined again...),
-which TensorFlow's allocator (oneDNN's pool) keeps once it has them. That last part was measured
-(bench/large_model_bench.py, an MLP of 61 M parameters, 233 MB of weights: a training process's peak
-1.31-1.48 GB above its TensorFlow baseline with SGD, 1.90-2.15 GB with Adam, at most 2.44 GB over two
-runs; one plain tf_keras process, no strategy, 1.40 GB and 1.53 GB), up to 6.5 times the trainable weights beyond the
-weights, slots and gradients, and is taken as WORKING_COPIES x the trainable weights. The estimate is
-the sum (``ModelSize.worker_bytes``).
+A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the
+model's weights, their gradients, the all-reduced pieces of the gradients and their joined sums
+(STEP_COPIES of the trainable weights in all, and as many again of the first SMALL_MODEL_BYTES, which
+TensorFlow's allocator keeps once it has them), each optimizer slot with its update's temporaries
+(SLOT_COPIES per slot: none for plain SGD, one slot with momentum, two for Adam...), and each layer's
+output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). The constants
+come from the peaks of real 2-worker fits (bench/memory_estimate_bench.py: MLPs of 12, 61 and 300 M
+parameters and CNNs of 64x64 images, with SGD, momentum and Adam); bench/README.md has the estimate
+beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
 the machine's available memory shared by every worker; with ``spark.executor.pyspark.memory``, that
@@ -22,16 +21,20 @@ how many workers share the host. ``spark.tfbarrier.memoryCheck=false`` turns bot
 """
 
 import dataclasses
+import math
 import re
 
 from .communication import inner_optimizer
 from .errors import ModelError
 from .settings import MEMORY_CHECK_CONF, switched_on
 
-TENSORFLOW_BYTES = 650 * 2**20  # a training process with TensorFlow, tf_keras and a strategy, before any model
-DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
-WORKING_COPIES = 7  # TensorFlow's working memory in a training process, in trainable weights (see above)
 MIB = 2**20
+TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
+DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
+STEP_COPIES = 4.4  # weights, gradients, their all-reduced pieces and sums: in trainable weights (see above)
+SMALL_MODEL_BYTES = 128 * MIB  # ... and as many copies again of this much of them
+SLOT_COPIES = 1.4  # an optimizer slot and its update's temporaries, in trainable weights
+ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
 
 
 def optimizer_slots(optimizer):
@@ -68,26 +71,66 @@ class ModelSize:
     trainable: int  # the trainable ones: each has a gradient and the optimizer's slots
     slots: int  # the optimizer's copies of each trainable weight
     optimizer: str
+    inputs: int = 0  # bytes of a sample's inputs
+    activations: int = 0  # bytes of a sample's layer outputs (0 where the model does not tell them)
 
     @classmethod
     def of(cls, model):
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
-                   slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__)
+                   slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
+                   inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model))
 
-    def parts(self, batch_bytes):
-        """What a training process holds, by part, in bytes."""
-        return {"TensorFlow": TENSORFLOW_BYTES, "weights": self.weights,
-                f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
-                "gradients": self.trainable, "TensorFlow's working memory": WORKING_COPIES * self.trainable,
-                "a batch": batch_bytes}
+    def parts(self, rows):
+        """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
+        step = STEP_COPIES * (self.trainable + min(self.trainable, SMALL_MODEL_BYTES))
+        return {"TensorFlow": TENSORFLOW_BYTES,
+                "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
+                f"{self.optimizer}'s slots ({self.slots} per weight) and their updates": int(SLOT_COPIES * self.slots * self.trainable),
+                "a batch's layer outputs": int(ACTIVATION_COPIES * self.activations * rows),
+                "a batch": self.inputs * rows}
 
-    def worker_bytes(self, batch_bytes):
-        return sum(self.parts(batch_bytes).values())
+    def worker_bytes(self, rows):
+        return sum(self.parts(rows).values())
 
-    def describe(self, batch_bytes):
-        parts = ", ".join(f"{name} {_gb(value)}" for name, value in self.parts(batch_bytes).items() if value)
-        return f"{_gb(self.worker_bytes(batch_bytes))} ({parts})"
+    def describe(self, rows):
+        parts = ", ".join(f"{name} {_gb(value)}" for name, value in self.parts(rows).items() if value)
+        return f"{_gb(self.worker_bytes(rows))} ({parts})"
+
+
+def _values(tensors):
+    """Values per sample of symbolic ``tensors`` (Keras 3 or tf_keras), those of unknown shape left out."""
+    total = 0
+    for tensor in tensors:
+        shape = tuple(getattr(tensor, "shape", None) or ())[1:]
+        if shape and None not in shape:
+            total += math.prod(int(d) for d in shape)
+    return total
+
+
+def _activations(model):
+    """Values per sample of the outputs of ``model``'s layers, nested models' layers included."""
+    total = 0
+    for layer in getattr(model, "layers", None) or []:
+        if getattr(layer, "layers", None):
+            total += _activations(layer)
+            continue
+        if type(layer).__name__ == "InputLayer":
+            continue
+        try:
+            output = layer.output  # raises for a layer called more than once, or never
+        except (AttributeError, ValueError, RuntimeError):
+            continue
+        total += _values(_flatten(output))
+    return total
+
+
+def _flatten(structure):
+    if isinstance(structure, dict):
+        return [t for value in structure.values() for t in _flatten(value)]
+    if isinstance(structure, (list, tuple)):
+        return [t for value in structure for t in _flatten(value)]
+    return [structure]
 
 
 def _gb(value):
@@ -103,13 +146,6 @@ def parse_size(text, default_unit="m"):
         raise ValueError(f"not a memory size: {text!r}")
     unit = match.group(2) or default_unit
     return int(float(match.group(1)) * 1024 ** " kmgtp".index(unit))
-
-
-def batch_bytes(global_batch, num_workers, input_shape):
-    """Bytes of one worker's batch of float32 inputs."""
-    import math
-
-    return global_batch // max(1, num_workers) * math.prod(d or 1 for d in input_shape or ()) * 4
 
 
 def available_bytes():
@@ -164,7 +200,7 @@ def executor_budget(spark, num_workers):
     return None
 
 
-def check_on_driver(spark, size, batch_bytes, num_workers):
+def check_on_driver(spark, size, rows, num_workers):
     """Refuse, before the stage, a model whose workers cannot fit where the driver can tell."""
     if size is None or not enabled(spark.conf.get):
         return
@@ -172,10 +208,10 @@ def check_on_driver(spark, size, batch_bytes, num_workers):
     if budget is None:
         return
     can_have, why, fix = budget
-    _refuse_over(size, batch_bytes, can_have, why, fix)
+    _refuse_over(size, rows, can_have, why, fix)
 
 
-def check_on_host(size, batch_bytes, workers_on_host, already_held):
+def check_on_host(size, rows, workers_on_host, already_held):
     """In a training process with its model built: refuse to start training when the rest of what it
     needs (what it does not hold yet, ``already_held`` bytes past TensorFlow being there) is more than
     its share of the host's available memory."""
@@ -183,15 +219,15 @@ def check_on_host(size, batch_bytes, workers_on_host, already_held):
     if available is None:
         return
     share = available // max(1, workers_on_host) + already_held
-    _refuse_over(size, batch_bytes, share + TENSORFLOW_BYTES,
+    _refuse_over(size, rows, share + TENSORFLOW_BYTES,
                  f"this host has {_gb(available)} available for the {workers_on_host} worker(s) on it",
                  "use fewer workers per host, a smaller model or batch, or hosts with more memory")
 
 
-def _refuse_over(size, batch_bytes, can_have, why, fix):
-    need = size.worker_bytes(batch_bytes)
+def _refuse_over(size, rows, can_have, why, fix):
+    need = size.worker_bytes(rows)
     if need > can_have:
         raise ModelError(
-            f"each training process needs about {size.describe(batch_bytes)}, but can have about {_gb(can_have)}: "
+            f"each training process needs about {size.describe(rows)}, but can have about {_gb(can_have)}: "
             f"{why}. To fit: {fix}; or set {MEMORY_CHECK_CONF}=false to try anyway"
         )

@@ -57,7 +57,9 @@ def test_a_model_the_executors_cannot_hold_is_refused_before_the_stage_with_the_
     assert outcome["error"] == "ModelError"
     message = outcome["message"]
     assert "each training process needs about" in message and "spark.executor.pyspark.memory is 700m" in message
-    assert "weights 80 MB, Adam's slots (2 per weight) 160 MB" in message  # MB of 2**20 bytes
+    # 80 MB of weights (MB of 2**20 bytes): memory.py's copies of them in a step, and Adam's 2 slots
+    assert "weights, gradients and their all-reduce 706 MB, Adam's slots (2 per weight) and their updates 225 MB" \
+        in message, message
     assert "raise spark.executor.pyspark.memory" in message and "spark.tfbarrier.memoryCheck=false" in message
 
 
@@ -137,7 +139,8 @@ def test_on_a_local_master_a_fit_over_its_share_of_the_machine_is_refused_before
     assert last_job_id(spark) == before + 1, "Spark ran a job before the refusal"
     assert started == set(), f"training processes started before the refusal: {started}"
     message = str(refused.value)
-    assert re.search(r"each training process needs about [\d.]+ GB \(TensorFlow 650 MB, weights [\d.]+ KB, .*"
+    assert re.search(r"each training process needs about [\d.]+ GB \(TensorFlow 650 MB, weights, gradients and their "
+                     r"all-reduce [\d.]+ KB, .*"
                      r"a batch [\d.]+ GB\), but can have about [\d.]+ GB: this machine has [\d.]+ GB available for "
                      r"2 workers\. To fit: use fewer workers \(num_workers\)", message), message
     assert "spark.tfbarrier.memoryCheck=false" in message
@@ -152,9 +155,9 @@ def test_what_a_worker_needs_is_checked_against_its_share_of_the_host():
     available = memory.available_bytes()
     huge = memory.ModelSize(weights=available, trainable=available, slots=2, optimizer="Adam")
     with pytest.raises(ModelError, match=r"this host has .* available for the 2 worker\(s\) on it"):
-        memory.check_on_host(huge, batch_bytes=0, workers_on_host=2, already_held=0)
+        memory.check_on_host(huge, rows=0, workers_on_host=2, already_held=0)
     small = memory.ModelSize(weights=2**20, trainable=2**20, slots=2, optimizer="Adam")
-    memory.check_on_host(small, batch_bytes=2**20, workers_on_host=2, already_held=2**20)  # no error
+    memory.check_on_host(small, rows=32, workers_on_host=2, already_held=2**20)  # no error
 
 
 def test_the_driver_knows_what_a_local_worker_can_have(spark):
@@ -163,3 +166,28 @@ def test_the_driver_knows_what_a_local_worker_can_have(spark):
     can_have, why, fix = memory.executor_budget(spark, num_workers=2)
     assert 0 < can_have <= memory.available_bytes() // 2 * 1.1 and "available for 2 workers" in why
     assert "num_workers" in fix
+
+
+def test_the_estimate_covers_the_peak_of_a_fit_whose_layer_outputs_outweigh_its_weights(spark):
+    """A CNN of 64x64 images: 0.3 M parameters, but 24 MB of layer outputs a sample. A training
+    process's peak (``ru_maxrss``, TensorFlow included) is what memory.py must not underestimate: a
+    check below it lets the kernel's OOM killer end a fit it passed. bench/memory_estimate_bench.py
+    measures the estimate's error on larger models."""
+    import keras
+
+    from tfbarrier import memory
+
+    layers = keras.layers
+    model = keras.Sequential([keras.Input((64, 64, 3))]
+                             + [layers.Conv2D(f, 3, padding="same", activation="relu") for f in (64, 64, 128, 128)]
+                             + [layers.GlobalAveragePooling2D(), layers.Dense(10)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    df = spark.createDataFrame(
+        [(row.tolist(), int(label)) for row, label in zip(rng.random((128, 64 * 64 * 3), dtype=np.float32),
+                                                          rng.integers(0, 10, 128))], "x array<float>, y long")
+    result = tfbarrier.fit(df.repartition(2), model, features="x", label="y", batch_size=64, epochs=1,
+                           steps_per_epoch=2, num_workers=2, verbose=0)
+    peak_mb = max(w["memory"]["peak_mb"] for w in result.workers)
+    estimate_mb = memory.ModelSize.of(model).worker_bytes(32) / 2**20
+    assert 0.95 * peak_mb <= estimate_mb <= 1.5 * peak_mb, (estimate_mb, peak_mb)

@@ -1,0 +1,119 @@
+"""The memory check's estimate (memory.py) against the peak a training process really reaches.
+
+Real 2-worker ``tfbarrier.fit`` calls on local[2] (Spark's default memory, ``spark.tfbarrier.memoryCheck``
+off so that every model trains), 4 steps of global batch 64, one driver for every model: Dense-heavy
+MLPs (input 1024, two hidden layers: 12, 61, 150 and 300 M parameters) and conv-heavy CNNs (64x64x3
+images, four convolutions of 64-128 or 128-256 filters: little weight, much activation), each with
+plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on the others' peaks before
+mlp150 was first run: its rows test them. A training process
+reports its peak resident memory (``ru_maxrss``: it includes TensorFlow itself) in
+``FitResult.workers[i]["memory"]``; the row takes the larger of the two workers', against
+``memory.ModelSize.worker_bytes``, what the check on the driver compares with what a worker can have.
+The target (issue 43): the estimate within 15% above the peak and never more than 5% below it.
+
+    .venv/bin/python bench/memory_estimate_bench.py [--rounds 2] [--models cnn mlp61 ...] [--optimizers sgd adam]
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import harness  # noqa: E402
+
+harness.local_spark_env()
+
+ROWS, BATCH, STEPS, WORKERS = 256, 64, 4, 2
+HIDDEN = {"mlp12": 3000, "mlp61": 7310, "mlp150": 11800, "mlp300": 16810}  # units of the two hidden layers
+SHAPES = {**{name: (1024,) for name in HIDDEN}, "cnn": (64, 64, 3), "cnn-wide": (64, 64, 3)}
+OPTIMIZERS = ("sgd", "momentum", "adam")
+TOO_LARGE = {("mlp300", "adam")}  # two workers would need about 18 GB of this machine's 24
+
+
+def build(keras, name, optimizer):
+    layers = keras.layers
+    if name.startswith("mlp"):
+        model = keras.Sequential([keras.Input(SHAPES[name]), layers.Dense(HIDDEN[name], activation="relu"),
+                                  layers.Dense(HIDDEN[name], activation="relu"), layers.Dense(10)])
+    else:
+        model = keras.Sequential([keras.Input(SHAPES[name])]
+                                 + [layers.Conv2D(filters, 3, padding="same", activation="relu")
+                                    for filters in ((128, 128, 256, 256) if name == "cnn-wide" else (64, 64, 128, 128))]
+                                 + [layers.GlobalAveragePooling2D(), layers.Dense(10)])
+    chosen = {"sgd": keras.optimizers.SGD(0.01), "momentum": keras.optimizers.SGD(0.01, momentum=0.9),
+              "adam": keras.optimizers.Adam(1e-4)}[optimizer]
+    model.compile(optimizer=chosen, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def frame(spark, shape):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    x = rng.random((ROWS, int(np.prod(shape))), dtype=np.float32)
+    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": rng.integers(0, 10, ROWS)}))
+    return df.repartition(WORKERS).cache()
+
+
+def measure(spark, frames, name, optimizer):
+    """One fit of ``name`` with ``optimizer``: the larger worker's peak and the estimate, in MB."""
+    import keras
+
+    import tfbarrier
+    from tfbarrier import memory
+
+    model = build(keras, name, optimizer)
+    size = memory.ModelSize.of(model)
+    estimate = size.worker_bytes(BATCH // WORKERS) / 2**20
+    result = tfbarrier.fit(frames[name], model, features="x", label="y", batch_size=BATCH, epochs=1,
+                           steps_per_epoch=STEPS, num_workers=WORKERS, verbose=0)
+    peaks = [w["memory"]["peak_mb"] for w in result.workers]
+    found = {"peak_mb": max(peaks), "estimate_mb": estimate, "parameters": model.count_params(),
+             "weights_mb": size.weights / 2**20, "memory": [w["memory"] for w in result.workers],
+             "size": dataclasses.asdict(size)}
+    print(f"{name}-{optimizer}: {json.dumps(found)}", flush=True)
+    return found
+
+
+
+def section(models, rounds, runs):
+    lines = [
+        f"`.venv/bin/python bench/memory_estimate_bench.py --rounds {rounds} --models {' '.join(models)}`: "
+        f"2-worker fits on local[2], {STEPS} steps of global batch {BATCH}, memory check off; a training "
+        "process's peak resident memory (the larger worker's, TensorFlow included; median (min-max) of the "
+        "rounds) against the check's estimate (memory.py). Target: estimate / peak in 0.95-1.15.", "",
+        "| model | parameters, weights | optimizer | peak MB | estimate MB | estimate / peak |",
+        "|---|---|---|---|---|---|"]
+    for (name, optimizer), found in runs.items():
+        low, mid, high = harness.stats([r["peak_mb"] for r in found])
+        estimate = found[0]["estimate_mb"]
+        lines.append(f"| {name} | {found[0]['parameters'] / 1e6:.1f} M, {found[0]['weights_mb']:,.0f} MB | "
+                     f"{optimizer} | {mid:,.0f} ({low:,.0f}-{high:,.0f}) | {estimate:,.0f} | "
+                     f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=["cnn", "cnn-wide", "mlp12", "mlp61", "mlp150", "mlp300"])
+    parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
+    args = parser.parse_args()
+    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
+    frames = {name: frame(spark, SHAPES[name]) for name in args.models}
+    runs = {(name, optimizer): [] for name in args.models for optimizer in args.optimizers
+            if (name, optimizer) not in TOO_LARGE}
+    for _ in range(args.rounds):
+        for name, optimizer in runs:
+            harness.settle()
+            runs[(name, optimizer)].append(measure(spark, frames, name, optimizer))
+    harness.write_section("memory-estimate", section(args.models, args.rounds, runs))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
