@@ -5,12 +5,12 @@ end the job (or the machine) mid-way.
 A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the
 model's weights, their gradients, the all-reduced pieces of the gradients and their joined sums
 (STEP_COPIES of the trainable weights in all, and as many again of the first SMALL_MODEL_BYTES, which
-TensorFlow's allocator keeps once it has them), each optimizer slot with its update's temporaries
-(SLOT_COPIES per slot: none for plain SGD, one slot with momentum, two for Adam...), and each layer's
-output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). The constants
-come from the peaks of real 2-worker fits (bench/memory_estimate_bench.py: MLPs of 12, 61 and 300 M
-parameters and CNNs of 64x64 images, with SGD, momentum and Adam); bench/README.md has the estimate
-beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
+TensorFlow's allocator keeps once it has them), the optimizer's slots (none for plain SGD, one copy
+of the trainable weights with momentum, two for Adam...: their updates' temporaries fit in what the
+step holds anyway), and each layer's output on a batch, kept for the backward pass with its gradient
+(ACTIVATION_COPIES). The constants come from the peaks of real 2-worker fits
+(bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
+momentum and Adam); bench/README.md has the estimate beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
 the machine's available memory shared by every worker; with ``spark.executor.pyspark.memory``, that
@@ -33,7 +33,6 @@ TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
 STEP_COPIES = 4.4  # weights, gradients, their all-reduced pieces and sums: in trainable weights (see above)
 SMALL_MODEL_BYTES = 128 * MIB  # ... and as many copies again of this much of them
-SLOT_COPIES = 1.4  # an optimizer slot and its update's temporaries, in trainable weights
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
 
 
@@ -86,7 +85,7 @@ class ModelSize:
         step = STEP_COPIES * (self.trainable + min(self.trainable, SMALL_MODEL_BYTES))
         return {"TensorFlow": TENSORFLOW_BYTES,
                 "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
-                f"{self.optimizer}'s slots ({self.slots} per weight) and their updates": int(SLOT_COPIES * self.slots * self.trainable),
+                f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
                 "a batch's layer outputs": int(ACTIVATION_COPIES * self.activations * rows),
                 "a batch": self.inputs * rows}
 

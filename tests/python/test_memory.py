@@ -58,7 +58,7 @@ def test_a_model_the_executors_cannot_hold_is_refused_before_the_stage_with_the_
     message = outcome["message"]
     assert "each training process needs about" in message and "spark.executor.pyspark.memory is 700m" in message
     # 80 MB of weights (MB of 2**20 bytes): memory.py's copies of them in a step, and Adam's 2 slots
-    assert "weights, gradients and their all-reduce 706 MB, Adam's slots (2 per weight) and their updates 225 MB" \
+    assert "weights, gradients and their all-reduce 706 MB, Adam's slots (2 per weight) 160 MB" \
         in message, message
     assert "raise spark.executor.pyspark.memory" in message and "spark.tfbarrier.memoryCheck=false" in message
 
