@@ -114,6 +114,7 @@ bench: venv $(BENCH_SITE)/.installed
 	$(BENCH_PY) bench/scaling_bench.py
 	$(PY) bench/feed_bench.py --rows 100000 1000000
 	$(PY) bench/memory_bench.py --gb 0.3 1 3 --baseline-ref $(STREAMING_BASELINE) --baseline-gb 0.3
+	$(PY) bench/memory_estimate_bench.py --rounds 2
 	$(PY) bench/throughput_ab.py --baseline-ref $(STREAMING_BASELINE)  # prints; bench/README's targets cite it
 	$(PY) bench/first_step_bench.py
 	$(PY) bench/env_bench.py

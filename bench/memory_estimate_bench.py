@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -66,6 +67,7 @@ def measure(spark, frames, name, optimizer):
     import tfbarrier
     from tfbarrier import memory
 
+    harness.settle()
     model = build(keras, name, optimizer)
     size = memory.ModelSize.of(model)
     estimate = size.worker_bytes(BATCH // WORKERS) / 2**20
@@ -77,7 +79,6 @@ def measure(spark, frames, name, optimizer):
              "size": dataclasses.asdict(size)}
     print(f"{name}-{optimizer}: {json.dumps(found)}", flush=True)
     return found
-
 
 
 def section(models, rounds, runs):
@@ -97,22 +98,44 @@ def section(models, rounds, runs):
     return "\n".join(lines)
 
 
+def driver(name, optimizers):
+    """One model's fits, one per optimizer, in a driver process of its own (``--driver``): a driver
+    keeps what TensorFlow's allocator once held, so the models of several sizes in one driver add up
+    (11.7 GB of them, which the OOM killer ended). Prints a JSON line."""
+    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
+    frames = {name: frame(spark, SHAPES[name])}
+    found = {optimizer: measure(spark, frames, name, optimizer) for optimizer in optimizers}
+    print("RESULT " + json.dumps(found), flush=True)
+    spark.stop()
+
+
+def run_driver(name, optimizers):
+    harness.settle()
+    output = subprocess.run([sys.executable, __file__, "--driver", name, "--optimizers", *optimizers],
+                            check=True, capture_output=True, text=True).stdout
+    found = json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
+    print(name, {optimizer: (round(r["peak_mb"]), round(r["estimate_mb"])) for optimizer, r in found.items()},
+          flush=True)
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=["cnn", "cnn-wide", "mlp12", "mlp61", "mlp150", "mlp300"])
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
+    parser.add_argument("--driver")
     args = parser.parse_args()
-    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
-    frames = {name: frame(spark, SHAPES[name]) for name in args.models}
+    if args.driver:
+        return driver(args.driver, args.optimizers)
     runs = {(name, optimizer): [] for name in args.models for optimizer in args.optimizers
             if (name, optimizer) not in TOO_LARGE}
     for _ in range(args.rounds):
-        for name, optimizer in runs:
-            harness.settle()
-            runs[(name, optimizer)].append(measure(spark, frames, name, optimizer))
+        for name in args.models:
+            optimizers = [optimizer for optimizer in args.optimizers if (name, optimizer) in runs]
+            for optimizer, found in run_driver(name, optimizers).items():
+                runs[(name, optimizer)].append(found)
     harness.write_section("memory-estimate", section(args.models, args.rounds, runs))
-    spark.stop()
 
 
 if __name__ == "__main__":

@@ -186,6 +186,12 @@ def _assign_rows(variable, first, values):
                                           value=values)
 
 
+def _with_zeros(layer):
+    """A copy of ``layer`` whose weights start as zeros: read_weights overwrites them all, and the
+    layers' own initializers' temporaries (twice the weights) would stay in TensorFlow's allocator."""
+    return layer.__class__.from_config(keras_compat.zeros_initializers(layer.get_config()))
+
+
 def tf_variable(variable):
     """The tf.Variable holding a Keras variable's value (Keras 3 wraps one), to assign slices to."""
     inner = getattr(variable, "value", None)
@@ -282,7 +288,7 @@ class ModelSpec:
         if self.flavor == "function":
             return keras_module("tf_keras").models.load_model(path)
         keras = keras_module(self.flavor)
-        model = keras.models.clone_model(original)
+        model = keras.models.clone_model(original, clone_function=_with_zeros)
         read_weights(path, model.weights, lambda variable: [tf_variable(variable)])
         # As the user compiled it, with a fresh optimizer whose slots are made when it first trains:
         # compile_from_config would build them now (zeros: two more copies of the weights for Adam).
