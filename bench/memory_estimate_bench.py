@@ -1,12 +1,12 @@
 """The memory check's estimate (memory.py) against the peak a training process really reaches.
 
 Real 2-worker ``tfbarrier.fit`` calls on local[2] (Spark's default memory, ``spark.tfbarrier.memoryCheck``
-off so that every model trains), 4 steps of global batch 64, one driver for every model: Dense-heavy
-MLPs (input 1024, two hidden layers: 12, 61, 150 and 300 M parameters) and conv-heavy CNNs (64x64x3
-images, four convolutions of 64-128 or 128-256 filters: little weight, much activation), each with
-plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on the others' peaks before
-mlp150 was first run: its rows test them. A training process
-reports its peak resident memory (``ru_maxrss``: it includes TensorFlow itself) in
+off so that every model trains), 4 steps of global batch 64, each model's fits in a driver of their
+own: Dense-heavy MLPs (input 1024, two hidden layers: 12, 61, 150 and 300 M parameters) and conv-heavy
+CNNs (64x64x3 images, four convolutions of 64-128 or 128-256 filters: little weight, much activation),
+each with plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on these peaks;
+mlp150's SGD row was first run after them (the slot constant was set after its other rows). A training
+process reports its peak resident memory (``ru_maxrss``: it includes TensorFlow itself) in
 ``FitResult.workers[i]["memory"]``; the row takes the larger of the two workers', against
 ``memory.ModelSize.worker_bytes``, what the check on the driver compares with what a worker can have.
 The target (issue 43): the estimate within 15% above the peak and never more than 5% below it.
@@ -60,7 +60,7 @@ def frame(spark, shape):
     return df.repartition(WORKERS).cache()
 
 
-def measure(spark, frames, name, optimizer):
+def measure(df, name, optimizer):
     """One fit of ``name`` with ``optimizer``: the larger worker's peak and the estimate, in MB."""
     import keras
 
@@ -71,7 +71,7 @@ def measure(spark, frames, name, optimizer):
     model = build(keras, name, optimizer)
     size = memory.ModelSize.of(model)
     estimate = size.worker_bytes(BATCH // WORKERS) / 2**20
-    result = tfbarrier.fit(frames[name], model, features="x", label="y", batch_size=BATCH, epochs=1,
+    result = tfbarrier.fit(df, model, features="x", label="y", batch_size=BATCH, epochs=1,
                            steps_per_epoch=STEPS, num_workers=WORKERS, verbose=0)
     peaks = [w["memory"]["peak_mb"] for w in result.workers]
     found = {"peak_mb": max(peaks), "estimate_mb": estimate, "parameters": model.count_params(),
@@ -103,14 +103,13 @@ def driver(name, optimizers):
     keeps what TensorFlow's allocator once held, so the models of several sizes in one driver add up
     (11.7 GB of them, which the OOM killer ended). Prints a JSON line."""
     spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
-    frames = {name: frame(spark, SHAPES[name])}
-    found = {optimizer: measure(spark, frames, name, optimizer) for optimizer in optimizers}
+    df = frame(spark, SHAPES[name])
+    found = {optimizer: measure(df, name, optimizer) for optimizer in optimizers}
     print("RESULT " + json.dumps(found), flush=True)
     spark.stop()
 
 
 def run_driver(name, optimizers):
-    harness.settle()
     output = subprocess.run([sys.executable, __file__, "--driver", name, "--optimizers", *optimizers],
                             check=True, capture_output=True, text=True).stdout
     found = json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
