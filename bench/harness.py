@@ -126,9 +126,25 @@ def machine():
     import tensorflow
 
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} cores, {memory_gib:.0f} GiB, Python {platform.python_version()}, "
+    return (f"{os.cpu_count()} cores ({cpu()}), {memory_gib:.0f} GiB, Python {platform.python_version()}, "
             f"pyspark {pyspark.__version__}, TensorFlow {tensorflow.__version__}, numpy {numpy.__version__}, "
             f"pyarrow {pyarrow.__version__}")
+
+
+def cpu():
+    """The CPU's model name, the features that decide TensorFlow's oneDNN default (AVX-512 and its
+    neural-network extensions), and whether oneDNN is on in this process (TF_ENABLE_ONEDNN_OPTS)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    with open("/proc/cpuinfo") as info:
+        first = info.read().split("\n\n")[0]  # the first CPU's block
+    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    model = " ".join(fields.get("model name", platform.processor()).split())
+    flags = fields.get("flags", "").split()
+    avx512 = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    features = ", ".join(avx512) if avx512 else "no AVX-512"
+    onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    return f"{model}, {features}, oneDNN {onednn}"
 
 
 def revision():

@@ -28,6 +28,12 @@ def switched_on(conf_get, key):
 # time of bench/workloads.py's large CNN on 2 workers and 1.6 x the 61 M MLP's, bench/allocator_bench.py:
 # measured, not set.)
 TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+# Set by a training process whose TensorFlow runs without oneDNN (a CPU without AVX-512's neural-network
+# extensions, or TF_ENABLE_ONEDNN_OPTS=0), unless the user set it: TensorFlow's plain CPU allocator maps
+# and unmaps a step's tensors each time, and the kernel zeroes every page again (a 2-worker step of the
+# slides' CNN spent as much time in the kernel as in TensorFlow, bench/README.md "Speed without oneDNN").
+# With oneDNN, its own pool keeps them.
+CPU_POOL_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TF_CONFIG_ENV = "TF_CONFIG"  # the TensorFlow cluster, set by the training process before the strategy
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs of one training process (gpus.py)

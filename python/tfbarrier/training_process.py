@@ -42,18 +42,32 @@ def _import_tensorflow():
     return tf, None
 
 
-def _set_threads(tf, threads):
-    """Thread pools are fixed when TensorFlow's context starts, which importing it does not do."""
-    if tf is not None and threads:
+def _configure_runtime(tf, threads):
+    """Thread pools and the CPU allocator are fixed when TensorFlow's context starts, which importing
+    it does not do: a spare imported it before the job said how many threads."""
+    if tf is None:
+        return
+    if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
+    if not _onednn_on():
+        os.environ.setdefault(settings.CPU_POOL_ENV, "true")  # see settings
+
+
+def _onednn_on():
+    """Whether TensorFlow's oneDNN kernels (and their memory pool) are on in this process."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # a TensorFlow without it: assume its default on x86, oneDNN on
+        return True
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def serve(job, channel, tf, import_error):
     """Report a port, take TF_CONFIG and run the job; its ProcessReport."""
     if tf is None and (job.needs_tensorflow or not isinstance(import_error, ImportError)):
         raise import_error
-    _set_threads(tf, job.tf_threads)
+    _configure_runtime(tf, job.tf_threads)
     port = rendezvous.reserve_port()
     channel.send(protocol.PORT, port=port.getsockname()[1])
     config = channel.wait_for(protocol.CONFIG)
