@@ -155,12 +155,13 @@ def tfbarrier_fit(df, job, tf_threads=None, timings=None, counts=None, **fit_kwa
     return run
 
 
-def tfbarrier_fit_in_own_process(job, source=None):
+def tfbarrier_fit_in_own_process(job, source=None, extra_env=None):
     """tfbarrier.fit driven by this script's ``--one-fit`` in a process, with a Spark, of its own; with
-    ``source`` (an older revision's sources, see harness.worktree) first on its PYTHONPATH. Its start-up
-    includes Spark's: compare its throughput only."""
+    ``source`` (an older revision's sources, see harness.worktree) first on its PYTHONPATH, and ``extra_env``
+    (variables its Spark's training processes inherit). Its start-up includes Spark's: compare its
+    throughput only."""
     def run(clock):
-        env = dict(os.environ)
+        env = dict(os.environ, **(extra_env or {}))
         if source:
             env["PYTHONPATH"] = os.pathsep.join([source, env["PYTHONPATH"]])
         subprocess.run([sys.executable, __file__, "--one-fit", clock, "--data", job.data, "--model", job.model,

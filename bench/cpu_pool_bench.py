@@ -1,0 +1,63 @@
+"""Speed without oneDNN: the slides' CNN, one plain TensorFlow process against a 2-worker tfbarrier.fit on
+``local[2]``, every contender with TF_ENABLE_ONEDNN_OPTS=0 (what TensorFlow does on a CPU without AVX-512's
+neural-network extensions; where the CPU has them, this is the nearest stand-in). The fit runs as tfbarrier
+runs it (its training processes keep freed tensors in TensorFlow's pool, TF_CPU_ALLOCATOR_USE_BFC), and with
+TF_CPU_ALLOCATOR_USE_BFC=false: TensorFlow's plain allocator, what tfbarrier ran before. The one process runs
+with either allocator too. Each fit is driven from a process with a Spark of its own (its environment is
+its training processes'), so only throughput (epochs 2..) compares; contenders alternate round by round.
+
+    .venv/bin/python bench/cpu_pool_bench.py [--rounds 3]
+"""
+
+import argparse
+import os
+import subprocess
+import tempfile
+
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "0"  # before fit_bench: every process this run starts inherits it
+
+import fit_bench  # noqa: E402 - sets the environment Spark's workers inherit
+import harness  # noqa: E402
+import workloads  # noqa: E402
+
+POOL, PLAIN = {"TF_CPU_ALLOCATOR_USE_BFC": "true"}, {"TF_CPU_ALLOCATOR_USE_BFC": "false"}
+
+
+def single_process(job, extra_env):
+    return fit_bench.single_process(job, lambda args: subprocess.Popen(args, env=dict(os.environ, **extra_env)))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+    job = fit_bench.Job(argparse.Namespace(model="cnn", batch=64, steps=args.steps, epochs=args.epochs), data)
+    workloads.make_data(data, args.steps * job.global_batch)
+    baseline = "one process, batch 128, TensorFlow's plain allocator"
+    contenders = {
+        baseline: single_process(job, PLAIN),
+        "one process, batch 128, TensorFlow's pool": single_process(job, POOL),
+        "tfbarrier.fit, 2 x 64 (default: the pool)": fit_bench.tfbarrier_fit_in_own_process(job),
+        "tfbarrier.fit, 2 x 64, TF_CPU_ALLOCATOR_USE_BFC=false (as before)":
+            fit_bench.tfbarrier_fit_in_own_process(job, extra_env=PLAIN),
+    }
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    for name, run in contenders.items():
+        log(f"warm-up {name}: {job.measure(run)}")
+    results = harness.rounds_of({name: (lambda run=run: job.measure(run)) for name, run in contenders.items()},
+                                args.rounds, log)
+    body = ("## Speed without oneDNN\n\n"
+            f"`.venv/bin/python bench/cpu_pool_bench.py --rounds {args.rounds}`: steady samples/s (epochs 2..) of "
+            f"the slides' CNN, {args.steps} steps x {args.epochs} epochs, every process with "
+            "TF_ENABLE_ONEDNN_OPTS=0; each fit from a driver and a Spark `local[2]` of its own; one warm-up run "
+            "of each first.\n\n"
+            + harness.metric_table(results, "throughput", "samples/s", baseline, digits=0))
+    harness.write_section("cpu-pool", body)
+    print(body)
+
+
+if __name__ == "__main__":
+    main()
