@@ -134,8 +134,6 @@ def machine():
 def cpu():
     """The CPU's model name, the features that decide TensorFlow's oneDNN default (AVX-512 and its
     neural-network extensions), and whether oneDNN is on in this process (TF_ENABLE_ONEDNN_OPTS)."""
-    from tensorflow.python.util import _pywrap_util_port
-
     with open("/proc/cpuinfo") as info:
         first = info.read().split("\n\n")[0]  # the first CPU's block
     fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
@@ -143,8 +141,14 @@ def cpu():
     flags = fields.get("flags", "").split()
     avx512 = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
     features = ", ".join(avx512) if avx512 else "no AVX-512"
-    onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
-    return f"{model}, {features}, oneDNN {onednn}"
+    return f"{model}, {features}, oneDNN {'on' if onednn_on() else 'off'}"
+
+
+def onednn_on():
+    """Whether TensorFlow runs its oneDNN kernels in this process (the CPU's default, or TF_ENABLE_ONEDNN_OPTS)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def revision():
