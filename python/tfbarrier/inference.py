@@ -170,13 +170,14 @@ def _scoring_model(spark, model):
     flavor, config = keras_flavor(model), model.to_json()
 
     def write(path):
-        write_weights(model.weights, path)
+        return write_weights(model.weights, path)  # the content's digest names the file
 
     source = None
     if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark) and not is_attached(spark):
         try:
             files, server = transfer.session_server(cluster.driver_host(spark))
-            source = {"endpoint": server.endpoint, "payload": files.add_file("scoring.safetensors", write)}
+            source = {"endpoint": server.endpoint, "payload": files.add_file(
+                "scoring.safetensors", write, digest=lambda: write_weights(model.weights))}
         except OSError:
             source = None
     if source is None:

@@ -82,7 +82,8 @@ def _dtype_name(variable):
 
 def write_weights(variables, path=None):
     """Write ``variables`` (Keras 3 or tf_keras) to ``path`` as a weights file (see the module), reading
-    one at a time; returns a hex digest of their values (equal on two replicas only if every value is).
+    one at a time; returns a hex digest of the file's content, its header (dtypes, shapes) and every value
+    (equal on two replicas only if every value is).
     ``path`` None: the digest only. Every worker of a fit must read its variables in the same order: a
     variable synchronized on read (BatchNormalization's moving statistics) is all-reduced when read."""
     import hashlib
@@ -99,7 +100,7 @@ def write_weights(variables, path=None):
         offset += size
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writers do
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(encoded)
     with open(path or os.devnull, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)) + encoded)
         for variable in variables:

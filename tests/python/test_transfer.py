@@ -15,6 +15,7 @@ from conftest import left_behind
 from support import faults
 
 import tfbarrier
+from tfbarrier import cluster, transfer
 from tfbarrier.settings import DRIVER_LINK_CONF
 
 KB = 2**10
@@ -139,6 +140,29 @@ def test_predict_serves_the_model_to_the_executors_through_the_driver_link_not_s
         scored = tfbarrier.predict(digits_df.limit(8), wide_model, features="pixels").toPandas()
     assert got.functions and got.broadcasts == [] and got.largest() < 64 * KB, got  # the UDF: config, no weights
     assert predicted(scored, wide_model)
+
+
+def test_predict_writes_a_models_weights_on_the_driver_once_and_again_only_when_they_change(spark, digits_df,
+                                                                                            wide_model):
+    # Each predict() wrote the weights again and put the file in place of the same one: for a 61 M-parameter
+    # model, 0.5-0.8 s a call on the driver, against 0.18 s to find the content served already.
+    import keras
+
+    files, _ = transfer.session_server(cluster.driver_host(spark))
+
+    def served():
+        return {entry.name: entry.inode() for entry in os.scandir(files.directory)
+                if entry.name.endswith("scoring.safetensors")}
+
+    model = keras.models.clone_model(wide_model)
+    model.set_weights(wide_model.get_weights())
+    tfbarrier.predict(digits_df.limit(8), model, features="pixels").toPandas()
+    first = served()
+    scored = tfbarrier.predict(digits_df.limit(8), model, features="pixels").toPandas()
+    assert served() == first and predicted(scored, model)
+    model.set_weights([w * 0.5 for w in model.get_weights()])
+    scored = tfbarrier.predict(digits_df.limit(8), model, features="pixels").toPandas()
+    assert len(served()) == len(first) + 1 and predicted(scored, model)
 
 
 def test_with_the_driver_link_off_the_model_goes_through_spark_and_still_trains_and_scores(spark, digits_df,
