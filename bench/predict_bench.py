@@ -7,7 +7,8 @@ the large model of bench/memory_estimate_bench.py).
 Memory: the peak resident memory of the executors' Python workers while a contender scores (the largest
 one, sampled every 50 ms; a worker keeps the models it scored, two at most), and the one process's
 ``ru_maxrss`` (it holds its rows too). The one process runs in a process of its own, the model loaded and
-one batch scored before the clock starts, as a warm Spark worker has.
+every row scored once before the clock starts, as the Spark contenders' warm-up run does for their workers
+(without it, the one process's time for the 61 M model was bimodal, 3.1 or 5.2 s, from run to run).
 
     .venv/bin/python bench/predict_bench.py [--rows 50000] [--large-rows 5000] [--rounds 3]
 
@@ -55,12 +56,13 @@ def rows_of(name, count):
 
 
 def one_process(path, name, count, batch_size):
-    """The ``--one-process`` run: load, score one batch, then time scoring every row; prints JSON."""
+    """The ``--one-process`` run: load, score every row once (as the Spark contenders' warm-up run does: each
+    batch shape is traced then), then time scoring them again; prints JSON."""
     import keras
 
     model = keras.models.load_model(path)
     x = rows_of(name, count).reshape((count, *SHAPES[name]))
-    model.predict(x[:batch_size], batch_size=batch_size, verbose=0)
+    model.predict(x, batch_size=batch_size, verbose=0)
     started = time.perf_counter()
     model.predict(x, batch_size=batch_size, verbose=0)
     seconds = time.perf_counter() - started
