@@ -8,7 +8,7 @@ Memory: the peak resident memory of the executors' Python workers while a conten
 one, sampled every 50 ms; a worker keeps the models it scored, two at most), and the one process's
 ``ru_maxrss`` (it holds its rows too). The one process runs in a process of its own, the model loaded and
 every row scored once before the clock starts, as the Spark contenders' warm-up run does for their workers
-(without it, the one process's time for the 61 M model was bimodal, 3.1 or 5.2 s, from run to run).
+(the one process of the 61 M model is bimodal all the same: 970 or 1,620 rows/s from one process to the next, also with one intra-op thread, 490 or 850).
 
     .venv/bin/python bench/predict_bench.py [--rows 50000] [--large-rows 5000] [--rounds 3]
 
