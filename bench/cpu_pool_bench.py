@@ -28,11 +28,7 @@ def single_process(job, extra_env):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--epochs", type=int, default=3)
-    args = parser.parse_args()
+    args = fit_bench.rounds_steps_epochs()
     data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
     job = fit_bench.Job(argparse.Namespace(model="cnn", batch=64, steps=args.steps, epochs=args.epochs), data)
     workloads.make_data(data, args.steps * job.global_batch)

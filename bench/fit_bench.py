@@ -170,6 +170,15 @@ def tfbarrier_fit_in_own_process(job, source=None, extra_env=None):
     return run
 
 
+def rounds_steps_epochs(steps=60, epochs=3):
+    """The arguments of a benchmark of fits of the slides' CNN: --rounds, --steps, --epochs."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    return parser.parse_args()
+
+
 def one_fit(args):
     """The ``--one-fit CLOCK`` process: one tfbarrier.fit of the workload in ``args.data``."""
     import numpy as np

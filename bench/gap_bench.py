@@ -19,11 +19,7 @@ PACK = 64 * 2**20  # bytes_per_pack: every gradient of the CNN in one all-reduce
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--epochs", type=int, default=3)
-    args = parser.parse_args()
+    args = fit_bench.rounds_steps_epochs()
     spark = fit_bench.spark_session("local[2]")
     jobs, frames = {}, {}
     for batch in (64, 256):
