@@ -168,24 +168,23 @@ def _scoring_model(spark, model):
     the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
     broadcast; and an id naming that model."""
     flavor, config = keras_flavor(model), model.to_json()
+    # The weights' digest names their file: the session's server writes a content it serves already only once.
+    name = f"{write_weights(model.weights)[:32]}-scoring.safetensors"
 
     def write(path):
-        return write_weights(model.weights, path)  # the content's digest names the file
+        write_weights(model.weights, path)
 
     source = None
     if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark) and not is_attached(spark):
         try:
             files, server = transfer.session_server(cluster.driver_host(spark))
-            source = {"endpoint": server.endpoint, "payload": files.add_file(
-                "scoring.safetensors", write, digest=lambda: write_weights(model.weights))}
+            source = {"endpoint": server.endpoint, "payload": files.add_file(name, write)}
         except OSError:
             source = None
     if source is None:
         with transfer.JobFiles() as scratch:
-            payload = scratch.inline(scratch.add("scoring.safetensors", write))
-        source = {"broadcast": cluster.broadcast(spark, payload.data),
-                  "payload": transfer.Payload(f"{hashlib.sha256(payload.data).hexdigest()[:32]}-scoring.safetensors",
-                                              payload.size)}
+            payload = scratch.inline(scratch.add(name, write))
+        source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": transfer.Payload(name, payload.size)}
     model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
     return {"flavor": flavor, "config": config, "id": model_id, **source}
 

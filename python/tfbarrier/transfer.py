@@ -191,30 +191,16 @@ class SessionFiles(JobFiles):
     """The driver's files that lazy DataFrames may fetch at any time (``predict``'s scoring models):
     one file per distinct content, kept until the driver process exits."""
 
-    def add_file(self, name, write, digest=None):
-        """A Payload of what ``write(path)`` writes, named ``<digest>-<name>`` (one file per content): the
-        hex digest of its content that ``write`` returns, or else the file's sha256. ``digest``: a function
-        giving that digest without writing; a content served already is then not written again (replacing
-        a large file costs as much as hashing it)."""
-        import hashlib
-
-        if digest is not None:
-            known = f"{digest()[:32]}-{name}"
-            if os.path.exists(os.path.join(self.directory, known)):
-                self._served[known] = os.path.join(self.directory, known)
-                return Payload(known, os.path.getsize(self._served[known]))
-        scratch = os.path.join(self.directory, f".writing-{threading.get_ident()}-{name}")
-        digest = write(scratch)
-        if not isinstance(digest, str):  # not read again when the writer hashed what it wrote
-            hasher = hashlib.sha256()
-            with open(scratch, "rb") as f:
-                for block in iter(lambda: f.read(2**20), b""):
-                    hasher.update(block)
-            digest = hasher.hexdigest()
-        final = f"{digest[:32]}-{name}"
-        os.replace(scratch, os.path.join(self.directory, final))
-        self._served[final] = os.path.join(self.directory, final)
-        return Payload(final, os.path.getsize(self._served[final]))
+    def add_file(self, name, write):
+        """A Payload of what ``write(path)`` writes, under ``name``, which names one content (its digest is in
+        it): a file served already is not written again (replacing a large file costs as much as hashing it)."""
+        path = os.path.join(self.directory, name)
+        if not os.path.exists(path):
+            scratch = os.path.join(self.directory, f".writing-{threading.get_ident()}-{name}")
+            write(scratch)
+            os.replace(scratch, path)
+        self._served[name] = path
+        return Payload(name, os.path.getsize(path))
 
     def receiving(self, name):
         return None  # nothing comes back to these
