@@ -13,7 +13,10 @@ step holds anyway), and each layer's output on a batch, kept for the backward pa
 momentum and Adam); bench/README.md has the estimate beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
-the machine's available memory shared by every worker; with ``spark.executor.pyspark.memory``, that
+the machine's available memory shared by every worker, less a tenth of the machine (HEADROOM: the
+kernel counts as available the page cache that running TensorFlow and the JVM read their code from,
+and the estimate can be 5% under a peak; two workers of a 400 M model, each estimated within its share
+of the rest, were ended by the OOM killer on a 24 GiB machine); with ``spark.executor.pyspark.memory``, that
 share of each executor; on YARN and Kubernetes, whose containers hold the executor's memory overhead
 besides its heap, that overhead (``spark.executor.memoryOverhead``) plus the PySpark memory. Elsewhere
 (a standalone cluster) the training process checks on its host before its first step, once it knows
@@ -34,6 +37,7 @@ DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
 STEP_COPIES = 4.4  # weights, gradients, their all-reduced pieces and sums: in trainable weights (see above)
 SMALL_MODEL_BYTES = 128 * MIB  # ... and as many copies again of this much of them
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
+HEADROOM = 0.1  # of a host's memory, kept from the workers' share (see above)
 
 
 def optimizer_slots(optimizer):
@@ -147,16 +151,22 @@ def parse_size(text, default_unit="m"):
     return int(float(match.group(1)) * 1024 ** " kmgtp".index(unit))
 
 
-def available_bytes():
-    """This host's available memory (MemAvailable on Linux), or None where it cannot be read."""
+def _meminfo():
+    """/proc/meminfo's fields in bytes ({} where it cannot be read)."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.rstrip().endswith("kB")}
     except OSError:
-        pass
-    return None
+        return {}
+
+
+def usable_bytes():
+    """What the workers on this host may share: its available memory less HEADROOM of its memory, or
+    None where it cannot be read."""
+    info = _meminfo()
+    if "MemAvailable" not in info or "MemTotal" not in info:
+        return None
+    return max(0, info["MemAvailable"] - int(HEADROOM * info["MemTotal"]))
 
 
 def enabled(conf_get):
@@ -190,11 +200,12 @@ def executor_budget(spark, num_workers):
                 f"spark.executor.pyspark.memory is {pyspark_memory} for {tasks_per_executor} task(s) per executor",
                 "raise spark.executor.pyspark.memory")
     if cluster.on_this_machine(master):
-        available = available_bytes()
-        if available is None:
+        usable = usable_bytes()
+        if usable is None:
             return None
-        return (available // num_workers,
-                f"this machine has {_gb(available)} available for {num_workers} workers",
+        return (usable // num_workers,
+                f"this machine has {_gb(usable)} available for {num_workers} workers (a tenth of its memory "
+                "kept for the code that runs and the kernel)",
                 "use fewer workers (num_workers), a smaller model or batch, or a machine with more memory")
     return None
 
@@ -214,12 +225,13 @@ def check_on_host(size, rows, workers_on_host, already_held):
     """In a training process with its model built: refuse to start training when the rest of what it
     needs (what it does not hold yet, ``already_held`` bytes past TensorFlow being there) is more than
     its share of the host's available memory."""
-    available = available_bytes()
-    if available is None:
+    usable = usable_bytes()
+    if usable is None:
         return
-    share = available // max(1, workers_on_host) + already_held
+    share = usable // max(1, workers_on_host) + already_held
     _refuse_over(size, rows, share + TENSORFLOW_BYTES,
-                 f"this host has {_gb(available)} available for the {workers_on_host} worker(s) on it",
+                 f"this host has {_gb(usable)} available for the {workers_on_host} worker(s) on it (a tenth of "
+                 "its memory kept for the code that runs and the kernel)",
                  "use fewer workers per host, a smaller model or batch, or hosts with more memory")
 
 
