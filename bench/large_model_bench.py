@@ -1,6 +1,9 @@
-"""Large models (issue 29): MLPs of 61 M and 300 M parameters (input 1024, two hidden layers, 10
-outputs; 244 MB and 1.2 GB of float32 weights) trained by tfbarrier.fit with 2 workers on local[2], with
-Spark's default driver and executor memory (1 GB heaps), side by side with the floor, round by round:
+"""Large models (issues 29 and 43): MLPs of 61, 250, 300 and 340 M parameters (input 1024, two hidden
+layers, 10 outputs; 244 MB to 1.4 GB of float32 weights) trained by tfbarrier.fit with 2 workers on
+local[2], with Spark's default driver and executor memory (1 GB heaps), side by side with the floor,
+round by round. mlp340-sgd and mlp250-adam are about the largest that this 24 GiB machine trains with
+SGD and Adam (the driver on the same machine): a 400 M model with SGD, which the check passed before it
+kept a tenth of the machine free, was ended by the OOM killer.
 
   floor         one plain tf_keras process that loads the model from a local .keras file and takes
                 one step (global batch 64): time from its start to the step's end
@@ -13,12 +16,13 @@ workers (MB/s, fetch) and the trained weights reached the driver; peak resident 
 training process against its TensorFlow baseline (before the model) and of the driver against its
 own before the call (both sampled every 50 ms); the JVM heap's use before and at its peak during the
 fit (the heap pools' peak usage, reset before the call); and checks that the fit trained (weights
-changed), that the workers ended equal, that predict() scores and FitResult.save() writes.
+changed), that the workers ended equal, that predict() scores and FitResult.save() writes; and what
+the memory check gave each worker when fit was called, with the largest model it would accept then.
 ``--checkpoint`` measures instead (a section of its own) the cost of fit(checkpoint_every=) on the
 61 M model: 16 steps with and without a save every 4 steps, interleaved, the seconds each save holds
 the step loop, and the floor's: one process writing the same weights with tf.train.Checkpoint.
 
-    .venv/bin/python bench/large_model_bench.py [--rounds 3] [--models mlp61-sgd mlp61-adam mlp300-sgd]
+    .venv/bin/python bench/large_model_bench.py [--rounds 3] [--models mlp61-sgd mlp61-adam ...]
     .venv/bin/python bench/large_model_bench.py --checkpoint [--rounds 3]
 """
 
@@ -40,7 +44,9 @@ from memory_probes import PeakSampler, jvm_heap, process_mb, resident_mb  # noqa
 harness.local_spark_env()
 
 INPUT, OUTPUTS, ROWS, BATCH = 1024, 10, 256, 64
-MODELS = {"mlp61-sgd": (7310, "sgd"), "mlp61-adam": (7310, "adam"), "mlp300-sgd": (16810, "sgd")}
+# hidden width, optimizer. The last two: the largest that 2 workers train on this 24 GiB machine (issue 43)
+MODELS = {"mlp61-sgd": (7310, "sgd"), "mlp61-adam": (7310, "adam"), "mlp300-sgd": (16810, "sgd"),
+          "mlp340-sgd": (17930, "sgd"), "mlp250-adam": (15300, "adam")}
 
 
 def build(keras, name):
@@ -187,12 +193,22 @@ def refused(report, spark, model):
     from tfbarrier import memory
     from tfbarrier.errors import ModelError
 
+    report["worker_budget"] = memory.executor_budget(spark, 2)[0]  # what the check gives each worker now
     try:
         memory.check_on_driver(spark, memory.ModelSize.of(model), BATCH // 2, 2)
     except ModelError as exc:
         report["refused"] = str(exc)
         return True
     return False
+
+
+def largest_accepted(budget, slots):
+    """Parameters (float32) of the largest model that the check would let each worker have with
+    ``budget`` bytes and ``slots`` optimizer slots (its batch and layer outputs, a few MB here, left out)."""
+    from tfbarrier import memory
+
+    room = budget - memory.TENSORFLOW_BYTES - memory.STEP_COPIES * memory.SMALL_MODEL_BYTES
+    return room / (4 * (memory.STEP_COPIES + slots))
 
 
 # ---- the benchmark --------------------------------------------------------------------------------
@@ -252,7 +268,7 @@ def model_rows(name, floors, drivers):
                 f"(floor: first step {fmt([f['first_step'] for f in floors])} s, "
                 f"{fmt([f['growth_mb'] for f in floors], 0)} MB above its TensorFlow baseline): "
                 f"{first['refused']} |||||||||"]
-    size = {"mlp61-adam": weights * 4, "mlp61-sgd": weights * 2, "mlp300-sgd": weights * 2}[name]  # + slots + grads
+    size = weights * (4 if MODELS[name][1] == "adam" else 2)  # weights, gradients and Adam's two slots
     floor_first = [f["first_step"] for f in floors]
     rows = []
     for number, label in enumerate(("cold", "warm")):
@@ -340,6 +356,12 @@ def large_models_section(models, rounds, floors, drivers):
               if not d.get("refused")]
     lines += ["", "predict() and save() after each model's fits: " + "; ".join(
         f"{name}: {rows} rows scored, a {mb:,.0f} MB .keras archive" for name, rows, mb in checks) + "."]
+    lines += ["", "The memory check, with what this machine had available when each driver called fit (its model "
+              "built), gave each worker: " + "; ".join(
+                  f"{name} {statistics.median(d['worker_budget'] for d in drivers[name]) / 2**30:.1f} GiB (the "
+                  f"largest {MODELS[name][1].upper()} model it accepts then: "
+                  f"{largest_accepted(statistics.median(d['worker_budget'] for d in drivers[name]), 2 if MODELS[name][1] == 'adam' else 0) / 1e6:,.0f} M parameters)"
+                  for name in models) + "."]
     return "\n".join(lines)
 
 
