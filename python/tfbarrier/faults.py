@@ -65,16 +65,31 @@ def exit_code(exc):
 
 # ---- in the task ---------------------------------------------------------------------------------------
 
-def process_failure(code, info, worker, host, log):
+def oom_kills():
+    """How many processes the kernel's OOM killer has ended on this host since it booted (/proc/vmstat),
+    or None where it does not say."""
+    try:
+        with open("/proc/vmstat") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("oom_kill ")), None)
+    except OSError:
+        return None
+
+
+def process_failure(code, info, worker, host, log, oom_kills=None):
     """The error of training process ``worker`` on ``host`` that exited with ``code``; ``info`` is what it
-    wrote of its exception ({type, module, message}, empty if nothing) and ``log`` its last lines. A
-    tfbarrier error of the model or the data keeps its class and is never retried; a process killed by a
-    signal (the OOM killer, kill -9) is retryable; any other exception is not."""
+    wrote of its exception ({type, module, message}, empty if nothing) and ``log`` its last lines;
+    ``oom_kills`` how many processes the kernel's OOM killer ended on the host while it ran. A tfbarrier
+    error of the model or the data keeps its class and is never retried; a process killed by a signal
+    (the OOM killer, kill -9) is retryable; any other exception is not."""
     raised = getattr(errors, info.get("type", ""), None) if info.get("module") == errors.__name__ else None
     if isinstance(raised, type) and issubclass(raised, TfBarrierError) and not issubclass(raised, WorkerError):
         return errors.from_worker(raised, f"worker {worker} on {host}: {info['message']}", worker, host, log)
     if info:
         what = f"{info['type']}: {info['message']}"
+    elif code == -signal.SIGKILL and oom_kills:
+        what = (f"killed by signal SIGKILL while the host ran out of memory (the kernel's OOM killer ended "
+                f"{oom_kills} process(es) meanwhile). To fit: give each worker more memory, or train a smaller "
+                "model or batch, or fewer workers per host (README, \"Large models\": what a worker needs)")
     elif code < 0:
         what = f"killed by signal {signal.Signals(-code).name}"
     else:

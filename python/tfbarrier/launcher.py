@@ -87,6 +87,7 @@ class TrainingProcess:
         self._proc, self.pid, self.channel = proc, proc.pid, channel
         self.workdir = None  # the task's work directory, from adopt() on
         self.worker_index = self.host = None
+        self._oom_kills_before = None  # the host's OOM kills when the task adopted the process
 
     def log_tail(self):
         """The end of the process's output: in the task's work directory once it moved there."""
@@ -107,6 +108,7 @@ class TrainingProcess:
         """Hand the process its task: the work directory holding the job (its output moves to the
         log there) and the task's own environment variables (the attempt)."""
         self.workdir, self.worker_index, self.host = workdir, worker_index, host
+        self._oom_kills_before = faults.oom_kills()
         open(os.path.join(workdir, LOG_FILE), "ab").close()
         self.channel.send(protocol.JOB, workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),
                           sent_at=time.time())
@@ -196,7 +198,9 @@ class TrainingProcess:
         """The exception that describes why the training process exited (faults.process_failure)."""
         code = self._proc.wait()
         info = protocol.read_error(self.workdir or self.home)
-        return faults.process_failure(code, info, self.worker_index, self.host, self.log_tail())
+        before, after = self._oom_kills_before, faults.oom_kills()
+        oom_kills = after - before if None not in (before, after) else None
+        return faults.process_failure(code, info, self.worker_index, self.host, self.log_tail(), oom_kills)
 
     def stop(self, grace=settings.STOP_GRACE):
         """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds) and reap it."""

@@ -27,11 +27,21 @@ def worker_error(exc_type, cls=WorkerError, retryable=False):
     (3, {}, WorkerError, False, "exited with status 3"),
 ])
 def test_a_training_process_exit_becomes_its_error(code, info, cls, retryable, says):
-    error = faults.process_failure(code, info, 1, "host-b", "last line")
+    error = faults.process_failure(code, info, 1, "host-b", "last line", oom_kills=0)
     assert type(error) is cls
     assert (error.worker, error.host, error.log) == (1, "host-b", "last line")
     assert says in str(error) and str(error).startswith("worker 1 on host-b")
     assert getattr(error, "retryable", None) is retryable
+
+
+def test_a_training_process_killed_while_the_host_ran_out_of_memory_says_so_and_what_to_change():
+    """The kernel's OOM killer ends a process with SIGKILL: on its own, "killed by signal SIGKILL" (what
+    two workers of a 400 M model that the memory check had passed printed) does not say why."""
+    error = faults.process_failure(-signal.SIGKILL, {}, 1, "host-b", "", oom_kills=1)
+    assert type(error) is WorkerError and error.retryable
+    assert "killed by signal SIGKILL while the host ran out of memory (the kernel's OOM killer ended 1 process(es)" \
+        in str(error) and "a smaller model or batch" in str(error)
+    assert "ran out of memory" not in str(faults.process_failure(-signal.SIGTERM, {}, 1, "host-b", "", oom_kills=1))
 
 
 @pytest.mark.parametrize("exc, code", [(PortClashError("taken"), faults.EXIT_PORT_CLASH),
