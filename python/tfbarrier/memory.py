@@ -38,6 +38,7 @@ STEP_COPIES = 4.4  # weights, gradients, their all-reduced pieces and sums: in t
 SMALL_MODEL_BYTES = 128 * MIB  # ... and as many copies again of this much of them
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
 HEADROOM = 0.1  # of a host's memory, kept from the workers' share (see above)
+HEADROOM_SAID = "(a tenth of its memory kept for the code that runs and the kernel)"
 
 
 def optimizer_slots(optimizer):
@@ -204,8 +205,7 @@ def executor_budget(spark, num_workers):
         if usable is None:
             return None
         return (usable // num_workers,
-                f"this machine has {_gb(usable)} available for {num_workers} workers (a tenth of its memory "
-                "kept for the code that runs and the kernel)",
+                f"this machine has {_gb(usable)} available for {num_workers} workers {HEADROOM_SAID}",
                 "use fewer workers (num_workers), a smaller model or batch, or a machine with more memory")
     return None
 
@@ -230,8 +230,7 @@ def check_on_host(size, rows, workers_on_host, already_held):
         return
     share = usable // max(1, workers_on_host) + already_held
     _refuse_over(size, rows, share + TENSORFLOW_BYTES,
-                 f"this host has {_gb(usable)} available for the {workers_on_host} worker(s) on it (a tenth of "
-                 "its memory kept for the code that runs and the kernel)",
+                 f"this host has {_gb(usable)} available for the {workers_on_host} worker(s) on it {HEADROOM_SAID}",
                  "use fewer workers per host, a smaller model or batch, or hosts with more memory")
 
 
