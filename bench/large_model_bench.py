@@ -357,12 +357,17 @@ def large_models_section(models, rounds, floors, drivers):
     lines += ["", "predict() and save() after each model's fits: " + "; ".join(
         f"{name}: {rows} rows scored, a {mb:,.0f} MB .keras archive" for name, rows, mb in checks) + "."]
     lines += ["", "The memory check, with what this machine had available when each driver called fit (its model "
-              "built), gave each worker: " + "; ".join(
-                  f"{name} {statistics.median(d['worker_budget'] for d in drivers[name]) / 2**30:.1f} GiB (the "
-                  f"largest {MODELS[name][1].upper()} model it accepts then: "
-                  f"{largest_accepted(statistics.median(d['worker_budget'] for d in drivers[name]), 2 if MODELS[name][1] == 'adam' else 0) / 1e6:,.0f} M parameters)"
-                  for name in models) + "."]
+              "built), gave each worker: " + "; ".join(check_limit(name, drivers[name]) for name in models) + "."]
     return "\n".join(lines)
+
+
+def check_limit(name, drivers):
+    """What the memory check gave each worker of ``name``'s fits, and the largest model of its optimizer
+    that it would then accept."""
+    budget, optimizer = statistics.median(d["worker_budget"] for d in drivers), MODELS[name][1]
+    largest = largest_accepted(budget, 2 if optimizer == "adam" else 0)
+    return (f"{name} {budget / 2**30:.1f} GiB (the largest {optimizer.upper()} model it accepts then: "
+            f"{largest / 1e6:,.0f} M parameters)")
 
 
 def checkpoint_section(rounds, name="mlp61-sgd", steps=16, every=4):
