@@ -202,15 +202,6 @@ def refused(report, spark, model):
     return False
 
 
-def largest_accepted(budget, slots):
-    """Parameters (float32) of the largest model that the check would let each worker have with
-    ``budget`` bytes and ``slots`` optimizer slots (its batch and layer outputs, a few MB here, left out)."""
-    from tfbarrier import memory
-
-    room = budget - memory.TENSORFLOW_BYTES - memory.STEP_COPIES * memory.SMALL_MODEL_BYTES
-    return room / (4 * (memory.STEP_COPIES + slots))
-
-
 # ---- the benchmark --------------------------------------------------------------------------------
 
 def run_floor(name, keras_file):
@@ -362,10 +353,13 @@ def large_models_section(models, rounds, floors, drivers):
 
 
 def check_limit(name, drivers):
-    """What the memory check gave each worker of ``name``'s fits, and the largest model of its optimizer
-    that it would then accept."""
+    """What the memory check gave each worker of ``name``'s fits, and the parameters (float32) of the largest
+    model of its optimizer that it would then accept (its batch and layer outputs, a few MB here, left out)."""
+    from tfbarrier import memory
+
     budget, optimizer = statistics.median(d["worker_budget"] for d in drivers), MODELS[name][1]
-    largest = largest_accepted(budget, 2 if optimizer == "adam" else 0)
+    room = budget - memory.TENSORFLOW_BYTES - memory.STEP_COPIES * memory.SMALL_MODEL_BYTES
+    largest = room / (4 * (memory.STEP_COPIES + (2 if optimizer == "adam" else 0)))
     return (f"{name} {budget / 2**30:.1f} GiB (the largest {optimizer.upper()} model it accepts then: "
             f"{largest / 1e6:,.0f} M parameters)")
 
