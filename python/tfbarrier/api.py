@@ -5,13 +5,12 @@ barrier stage (stage.run)."""
 import random
 import time
 
-from . import checks, cluster, fit_job, gpus, memory, parquet_source, stage, tracking, transfer
+from . import checks, cluster, fit_job, gpus, memory, native_model, parquet_source, settings, stage, tracking, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .features import layout as features_layout
 from .fit_job import VALIDATION_COLUMN, FitJob
 from .job import ApplyJob, RunJob, pickle_user_code
-from .model_spec import ModelSpec
 from .results import FitResult
 from .settings import STALL_TIMEOUT
 
@@ -286,12 +285,13 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     validation_data, held_out_and_saved = _validation_and_saving(
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     with transfer.JobFiles() as files:
-        spec = ModelSpec.from_model(model, files)
-        spec.check_loadable()
+        spark = data.sparkSession
+        spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"))
+        if getattr(spec, "native", False):
+            _native_options(validation_data, validation_split, checkpoint_dir, save_to, tensorboard_dir, communication)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
-        spark = data.sparkSession
         basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
         gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
         memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers)
@@ -301,6 +301,17 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
                      checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get),
                      **training, **held_out_and_saved, **basics)
         return _run_fit(frame, job, model, files, num_workers, staging, tracked)
+
+
+def _native_options(validation_data, validation_split, checkpoint_dir, save_to, tensorboard_dir, communication):
+    """Refuse what a Keras 3 model that trains natively cannot have yet."""
+    native_model.check_options(
+        validation=(validation_data is not None or validation_split,
+                    "evaluate the trained model with its predict() or evaluate() instead"),
+        checkpoint_dir=(checkpoint_dir, "leave it out; save the trained model from FitResult.model"),
+        save_to=(save_to, "save FitResult.model after the fit"),
+        tensorboard_dir=(tensorboard_dir, "pass a keras.callbacks.TensorBoard in callbacks="),
+        communication=(communication, "leave it out: the gradients travel in float32 over tfbarrier's ring"))
 
 
 def _run_fit(frame, job, model, files, num_workers, staging, tracked):

@@ -115,7 +115,15 @@ class FitJob(Job):
         return files.received(chief.files.get("weights") or chief.files["archive"])
 
     # ---- in the training process ----
+    @property
+    def tensorflow_server(self):
+        return not getattr(self.model, "native", False)
+
     def execute(self, tf, config, channel):
+        if not self.tensorflow_server:
+            from . import native_training  # imports TensorFlow and Keras 3: only training processes do
+
+            return native_training.train(self, config, channel)
         from . import fit_training  # imports TensorFlow and tf_keras: only training processes do
 
         return fit_training.train(self, config, channel)

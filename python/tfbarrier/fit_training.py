@@ -283,7 +283,7 @@ def _replicas_summed_in_batch_logs(model):
     (``training.reduce_per_replica``): with 2 workers a batch's "loss" is about twice the loss. Every
     replica runs as many batches of one size, so the sum over replicas is the mean times their count.
     The epoch's logs are reduced properly (``get_metrics_result`` across replicas)."""
-    if model.distribute_reduction_method in ("auto", "sum"):
+    if getattr(model, "distribute_reduction_method", None) in ("auto", "sum"):
         return model.distribute_strategy.num_replicas_in_sync
     return 1
 

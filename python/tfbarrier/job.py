@@ -17,6 +17,7 @@ The kinds: ``FitJob`` (fit_job.py: Keras fit under MultiWorkerMirroredStrategy),
 import dataclasses
 import json
 import os
+import secrets
 import sys
 import sysconfig
 import time
@@ -34,6 +35,7 @@ class Job:
     """The settings every kind of job shares."""
 
     needs_tensorflow = True  # False: the job runs without TensorFlow when its environment has none
+    tensorflow_server = True  # False: the training process listens on its port itself (CONFIG's "listener")
 
     gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs
@@ -45,6 +47,8 @@ class Job:
     verbose: int = 0
     started_at: float = None  # driver clock at the call, for deadlines and time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # what a training process proves to its peers before they exchange anything (exchange.py)
+    secret: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     # ---- in the task (no TensorFlow there) ----
     def write_input(self, batches, path, index):
@@ -180,18 +184,18 @@ def _registered_by_value(module):
     return module.__name__ in getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ())
 
 
-def pickle_user_code(obj, function):
-    """cloudpickle ``obj``, shipping ``function``'s module by value when it is the user's own code (a
-    script, a test module, a notebook helper), which the training processes could not import. The
-    user's other modules that ``obj`` uses go by value once registered with cloudpickle's
-    ``register_pickle_by_value`` (README); such a registration outlives the call."""
-    module = sys.modules.get(getattr(function, "__module__", None) or "")
-    by_value = module is not None and module.__name__ != "__main__" and not _installed(module) \
-        and not _registered_by_value(module)
-    if by_value:
+def pickle_user_code(obj, *functions):
+    """cloudpickle ``obj``, shipping the modules of ``functions`` (functions or classes) by value when
+    they are the user's own code (a script, a test module, a notebook helper), which the training
+    processes could not import. The user's other modules that ``obj`` uses go by value once registered
+    with cloudpickle's ``register_pickle_by_value`` (README); such a registration outlives the call."""
+    modules = {sys.modules.get(getattr(function, "__module__", None) or "") for function in functions}
+    by_value = [module for module in modules if module is not None and module.__name__ != "__main__"
+                and not _installed(module) and not _registered_by_value(module)]
+    for module in by_value:
         cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(obj)
     finally:
-        if by_value:
+        for module in by_value:
             cloudpickle.unregister_pickle_by_value(module)

@@ -235,6 +235,14 @@ class ModelSpec:
     def _from_keras_object(cls, model, flavor, files):
         from . import memory
 
+        config = cls._config_of(model)
+        return cls(flavor=flavor, **config, weights=files.add(WEIGHTS_FILE, lambda path: write_weights(model.weights, path)),
+                   size=memory.ModelSize.of(model))
+
+    @staticmethod
+    def _config_of(model):
+        """{model_json, compile_config, input_shape} of a Keras model object; ModelError when it has
+        no compile config, several inputs, or no config."""
         if getattr(model, "optimizer", None) is None:
             raise ModelError(
                 "the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
@@ -253,9 +261,18 @@ class ModelSpec:
                 f"the model cannot be serialised through its config ({type(exc).__name__}: {exc}); "
                 "subclassed models and custom layers cannot travel as a config: " + FUNCTION_HINT
             ) from exc
-        return cls(flavor=flavor, model_json=model_json, compile_config=compile_config,
-                   weights=files.add(WEIGHTS_FILE, lambda path: write_weights(model.weights, path)),
-                   input_shape=tuple(input_shape[1:]), size=memory.ModelSize.of(model))
+        return {"model_json": model_json, "compile_config": compile_config, "input_shape": tuple(input_shape[1:])}
+
+    @classmethod
+    def untranslatable(cls, model):
+        """Why tf_keras cannot rebuild the Keras 3 model object ``model`` (a ModelError), or None."""
+        try:
+            cls(flavor="keras3", **cls._config_of(model)).check_loadable()
+        except ModelError as exc:
+            return exc
+        except Exception as exc:  # noqa: B902 - a subclassed model's input_shape may raise anything
+            return ModelError(f"{type(exc).__name__}: {exc}")
+        return None
 
     def check_loadable(self):
         """Build the worker's tf_keras model once on the driver, so an untranslatable model fails

@@ -13,6 +13,7 @@ SPARE_IDLE_CONF = "spark.tfbarrier.spareIdleTimeout"  # seconds an unused spare 
 DIRECT_PARQUET_CONF = "spark.tfbarrier.directParquet"  # false: Parquet goes through Spark (parquet_source.py)
 DRIVER_LINK_CONF = "spark.tfbarrier.driverLink"  # false: no link; models and results go through Spark (transfer.py)
 MEMORY_CHECK_CONF = "spark.tfbarrier.memoryCheck"  # false: no refusal of models that cannot fit (memory.py)
+KERAS3_TRAINING_CONF = "spark.tfbarrier.keras3Training"  # a Keras 3 model: "auto", "native", "translated" (native_model.py)
 ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: jobs need allow_unencrypted
 
 

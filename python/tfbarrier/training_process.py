@@ -69,10 +69,15 @@ def serve(job, channel, tf, import_error):
         raise import_error
     _configure_runtime(tf, job.tf_threads)
     port = rendezvous.reserve_port()
+    if not job.tensorflow_server:
+        port.listen()  # peers that come early wait in its backlog
     channel.send(protocol.PORT, port=port.getsockname()[1])
     config = channel.wait_for(protocol.CONFIG)
     os.environ[settings.TF_CONFIG_ENV] = json.dumps(config["tf_config"])
-    port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
+    if job.tensorflow_server:
+        port.close()  # TensorFlow binds it next, in MultiWorkerMirroredStrategy()
+    else:
+        config["listener"] = port
     return job.execute(tf, config, channel)
 
 

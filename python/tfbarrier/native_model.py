@@ -1,0 +1,160 @@
+"""A Keras 3 model that trains as it is, in Keras 3 ("native"), instead of translated into tf_keras.
+
+The path a Keras 3 model object takes is chosen on the driver (``spec_for_fit``): translated when
+tf_keras can rebuild it (model_spec.py), native when it cannot (a custom layer, a subclassed model),
+or as ``spark.tfbarrier.keras3Training`` says ("translated", "native"; "auto" by default).
+
+A native model travels as its ``.keras`` archive (config, compile config, weights, optimizer state)
+and the user's own objects the archive names (custom layers, a subclassed model's class, a loss
+function), cloudpickled: the training processes cannot import a script's classes. It trains in
+native_training.py; the chief's trained archive comes back and is loaded with the same objects.
+
+Nothing here imports TensorFlow or Keras at module import time.
+"""
+
+import dataclasses
+import os
+
+import cloudpickle
+
+from .errors import InvalidArgumentError, ModelError
+from .job import pickle_user_code
+from .model_spec import ModelSpec, keras_flavor, save_archive
+
+ARCHIVE_FILE = "model.keras"  # the model as the driver sends it
+OBJECTS_FILE = "custom-objects.pkl"  # {name: the user's class or function}, cloudpickled
+PATHS = ("auto", "native", "translated")
+NOT_YET = "for a Keras 3 model that trains natively (custom layers, subclassed models) tfbarrier does not " \
+          "support {what} yet: {fix}"
+
+
+def spec_for_fit(model, files, path="auto"):
+    """The spec of the model ``fit`` got, its files added to ``files``: a NativeModel for a Keras 3
+    model object that trains natively, else a ModelSpec checked to rebuild in tf_keras."""
+    path = str(path).strip().lower()
+    if path not in PATHS:
+        raise InvalidArgumentError(f"spark.tfbarrier.keras3Training is {path!r}: set it to one of {', '.join(PATHS)}")
+    if keras_flavor(model) == "keras3" and path != "translated":
+        if path == "native" or ModelSpec.untranslatable(model) is not None:
+            return NativeModel.from_model(model, files)
+        return ModelSpec.from_model(model, files)  # untranslatable() checked it
+    spec = ModelSpec.from_model(model, files)
+    spec.check_loadable()
+    return spec
+
+
+def check_options(**options):
+    """Refuse, on the driver, a fit option the native path does not have yet (``options``: name to
+    (value given, what to do instead))."""
+    for name, (value, fix) in options.items():
+        if value:
+            raise InvalidArgumentError(NOT_YET.format(what=name, fix=fix))
+
+
+def _keras_own(obj):
+    module = getattr(obj, "__module__", None) or ""
+    return module.split(".")[0] in ("keras", "keras_hub", "tf_keras", "tensorflow", "builtins", "numpy")
+
+
+def _compiled_objects(model):
+    """The loss and metrics ``model`` was compiled with: functions, classes and their instances."""
+    found, pending = [], [getattr(model, "loss", None),
+                          getattr(getattr(model, "_compile_metrics", None), "_user_metrics", None)]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif callable(item) and not isinstance(item, str):
+            found.append(item if isinstance(item, type) or hasattr(item, "__code__") else type(item))
+    return found
+
+
+def custom_objects(model):
+    """{name the archive uses: object} for every class and function of the user's own that
+    ``model``'s archive names (its layers' and its own classes, its loss and metrics), and
+    everything registered with ``keras.saving.register_keras_serializable``."""
+    import keras
+
+    objects = dict(keras.saving.get_custom_objects())
+    candidates = [type(layer) for layer in model._flatten_layers(include_self=True)] + _compiled_objects(model)
+    for obj in candidates:
+        if not _keras_own(obj):
+            objects[keras.saving.get_registered_name(obj)] = obj
+            objects[obj.__name__] = obj
+    return objects
+
+
+def _input_shape(model):
+    """The per-sample shape of the model's one input; None when unknown (a subclassed model not yet
+    called). ModelError for several inputs."""
+    try:
+        shape = model.input_shape
+    except (AttributeError, ValueError):  # a subclassed model has no symbolic input: the shape it was built for
+        built = getattr(model, "_build_shapes_dict", None) or {}
+        shape = next(iter(built.values())) if len(built) == 1 else None
+    if shape is None:
+        return None
+    if not isinstance(shape, tuple) or (shape and isinstance(shape[0], (tuple, list))):
+        raise ModelError(NOT_YET.format(what="models with several inputs", fix="give the model one input tensor"))
+    return tuple(shape[1:])
+
+
+@dataclasses.dataclass
+class NativeModel:
+    """A Keras 3 model as a ``.keras`` archive and its custom objects (transfer.Payloads)."""
+
+    archive: object = None
+    objects: object = None
+    input_shape: tuple = None
+    size: object = None  # memory.ModelSize
+    flavor = "keras3"
+    native = True
+
+    @classmethod
+    def from_model(cls, model, files):
+        from . import memory
+
+        if getattr(model, "optimizer", None) is None:
+            raise ModelError("the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
+                             "before fit()")
+        input_shape = _input_shape(model)
+        objects = custom_objects(model)
+        try:
+            pickled = pickle_user_code(objects, *objects.values())
+        except Exception as exc:
+            raise ModelError(f"the model's own classes and functions cannot be pickled ({type(exc).__name__}: "
+                             f"{exc}); define them at module level, without references to open files or sessions") from exc
+        try:
+            archive = save_archive(model)
+        except Exception as exc:
+            raise ModelError(f"the model cannot be saved as a .keras archive ({type(exc).__name__}: {exc}): give "
+                             "its custom layers and models a get_config() (Keras's guide 'Save, serialize, and "
+                             "export models')") from exc
+        return cls(archive=files.add_bytes(ARCHIVE_FILE, archive), objects=files.add_bytes(OBJECTS_FILE, pickled),
+                   input_shape=input_shape, size=memory.ModelSize.of(model))
+
+    def build(self, workdir):
+        """The compiled Keras 3 model in a training process, with the driver's weights."""
+        with open(self.objects.path(workdir), "rb") as f:
+            objects = cloudpickle.load(f)
+        return load_archive(self.archive.path(workdir), objects)
+
+    def trained_model(self, original, path):
+        """The trained model on the driver: the chief's archive at ``path``, loaded with ``original``'s
+        custom objects."""
+        return load_archive(path, custom_objects(original))
+
+
+def load_archive(path, objects):
+    """A ``.keras`` archive loaded by Keras 3 with ``objects``; an unbuilt optimizer's archive holds
+    none of its variables, which Keras warns about (nothing is lost: they start at zero)."""
+    import warnings
+
+    import keras
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+        model = keras.saving.load_model(os.fspath(path), custom_objects=objects, compile=True)
+    return model

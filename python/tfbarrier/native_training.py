@@ -1,0 +1,147 @@
+"""The training process's side of a fit of a Keras 3 model that trains natively (native_model.py).
+
+No distribution strategy and no TensorFlow server (Keras 3 cannot fit under MultiWorkerMirroredStrategy,
+keras-team/keras#20585): each worker trains its own copy of the model on its shard, in Keras 3, and
+two things cross the workers through exchange.Ring, which admits only processes holding the job's
+secret:
+
+- each step's gradients, summed and divided by the workers inside the compiled step, before the
+  outermost optimizer applies them (``optimizer.apply``: ``apply_gradients`` calls it too), so every
+  worker takes one process's step on the global batch and every weight and slot stays equal;
+- each epoch's metric states (every Keras metric variable aggregates by sum), summed before Keras
+  reads the epoch's results, so the history is the global batch's, as one process would log it.
+
+tfbarrier's callbacks (progress, epoch log) are fit_training's, and the user's are Keras 3's.
+Imported only in training processes.
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from . import exchange, fit_training, memory, settings, shards
+from .model_spec import write_weights
+from .results import FitOutput, ProcessReport
+
+TRAINED_ARCHIVE_FILE = "trained.keras"  # the chief's trained model, for the driver
+COMMUNICATION = {"implementation": "tfbarrier ring (authenticated)", "compression": "none"}
+
+
+def train(job, config, channel):
+    """Run ``job`` (a FitJob of a native model) with the task's ``config``: a ProcessReport."""
+    index, workdir = config["tf_config"]["task"]["index"], config["workdir"]
+    addresses = config["tf_config"]["cluster"]["worker"]
+    shard = shards.Shard.open(config["shard"], config["rows"])
+    started = time.time()
+    ring = exchange.Ring.join(index, addresses, job.secret.encode(), config["listener"],
+                              timeout=job.stall_timeout or settings.STALL_TIMEOUT)
+    try:
+        model, memory_mb = _model(job, workdir, ring, config)
+        input_shape = job.model.input_shape or (shard.width,)
+        job.layout.check_input(input_shape, shard.width)
+        context = tf.distribute.InputContext(num_replicas_in_sync=len(addresses))
+        dataset = shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
+                                    job.shuffle_buffer, job.class_weight)(context)
+        timings = {"strategy_and_model": time.time() - started}
+        progress, epoch_log, _, _, callbacks = fit_training._callbacks(
+            channel, job, workdir, index, steps_per_epoch=config["steps_per_epoch"])
+        started = time.time()
+        try:
+            fit_training._fit(model, dataset, shard, input_shape, epochs=job.epochs,
+                              steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
+        finally:
+            progress.stop_keeping_alive()
+        timings["training"] = time.time() - started
+    finally:
+        ring.close()
+    if progress.first_step_at is not None:
+        timings["first_step"] = progress.first_step_at - started
+    started = time.time()
+    files = _write_trained(model, workdir, index == 0)
+    timings["trained_model_written"] = time.time() - started
+    finished_at, (_, memory_mb["peak_mb"]) = time.time(), fit_training.resident_mb()
+    output = FitOutput(steps=progress.steps, checksum=write_weights(model.weights), first_step_at=progress.first_step_at,
+                       memory=memory_mb, steps_per_execution=int(model.steps_per_execution),
+                       communication=dict(COMMUNICATION))
+    if index == 0:
+        fit_training._chiefs_output(output, job, epoch_log, None)
+    return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output,
+                         files=files)
+
+
+def _model(job, workdir, ring, config):
+    """The user's model, compiled as they compiled it, its gradients and metrics crossing ``ring``;
+    the memory checked once it is set up. Returns (model, {tensorflow_mb, baseline_mb})."""
+    import keras
+
+    if job.seed is not None:
+        keras.utils.set_random_seed(job.seed)
+    tensorflow_mb, _ = fit_training.resident_mb()
+    model = job.model.build(workdir)
+    model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
+    if isinstance(job.steps_per_execution, int):
+        model.steps_per_execution = job.steps_per_execution
+    exchange_gradients(model.optimizer, ring)
+    sum_metrics(model, ring)
+    baseline_mb, _ = fit_training.resident_mb()
+    if job.memory_check:
+        memory.check_on_host(memory.ModelSize.of(model), job.batch_size // ring.size, config["workers_on_host"],
+                             int((baseline_mb - tensorflow_mb) * 2**20))
+    return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}
+
+
+def exchange_gradients(optimizer, ring):
+    """Make ``optimizer`` apply the mean of every worker's gradients: one float32 buffer of them all
+    crosses ``ring`` per step, from inside the compiled step."""
+    apply = optimizer.apply
+
+    def mean(flat):
+        return (ring.all_reduce_sum(flat) / np.float32(ring.size)).astype(np.float32)
+
+    def apply_mean(grads, trainable_variables=None):
+        grads = list(grads)
+        present = [i for i, grad in enumerate(grads) if grad is not None]  # the same on every worker
+        if ring.size > 1 and present:
+            dense = [tf.convert_to_tensor(grads[i]) for i in present]  # an embedding's IndexedSlices too
+            flat = tf.concat([tf.reshape(tf.cast(grad, tf.float32), [-1]) for grad in dense], 0)
+            summed = tf.numpy_function(mean, [flat], tf.float32, stateful=True)
+            pieces = tf.split(summed, [int(np.prod(grad.shape)) for grad in dense])
+            for i, grad, piece in zip(present, dense, pieces):
+                grads[i] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
+        return apply(grads, trainable_variables)
+
+    optimizer.apply = apply_mean
+
+
+def sum_metrics(model, ring):
+    """Make the epoch's results read every worker's metric states, summed (or averaged, for a
+    variable that aggregates by mean), as one process holding every batch would have them."""
+    results = model._get_metrics_result_or_logs
+
+    def global_results(logs):
+        variables = [v for metric in model.metrics for v in metric.variables
+                     if getattr(v, "aggregation", "sum") in ("sum", "mean")]
+        if ring.size > 1 and variables:
+            values = [np.asarray(v.numpy(), np.float64) for v in variables]
+            total = ring.all_reduce_sum(np.concatenate([value.reshape(-1) for value in values]))
+            at = 0
+            for variable, value in zip(variables, values):
+                summed = total[at:at + value.size].reshape(value.shape)
+                at += value.size
+                if variable.aggregation == "mean":
+                    summed = summed / ring.size
+                variable.assign(summed.astype(np.dtype(variable.dtype)))
+        return results(logs)
+
+    model._get_metrics_result_or_logs = global_results
+
+
+def _write_trained(model, workdir, is_chief):
+    """The chief's trained model as a ``.keras`` archive, for the driver."""
+    if not is_chief:
+        return {}
+    model.save(os.path.join(workdir, TRAINED_ARCHIVE_FILE))
+    return {"archive": TRAINED_ARCHIVE_FILE}

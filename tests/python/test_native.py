@@ -1,0 +1,133 @@
+"""Keras 3 models that tf_keras cannot rebuild (a custom layer written with keras.ops, a subclassed
+model, a custom loss) train natively: 2 workers end with the weights and history of one Keras 3
+process fed the same global batches; the trained model comes back in Keras 3, with its custom
+classes; what the native path cannot do yet is refused on the driver, before the stage."""
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import partitioned
+from keras import ops
+
+import tfbarrier
+from tfbarrier.errors import InvalidArgumentError
+
+ROWS_PER_WORKER = 96
+GLOBAL_BATCH = 32
+
+
+class Gate(keras.layers.Layer):
+    """A custom layer of keras.ops, not registered: the training processes get its class by value."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        return x * ops.sigmoid(x * self.scale)
+
+
+@keras.saving.register_keras_serializable(package="tfbarrier_tests")
+class TwoLayers(keras.Model):
+    """A subclassed model: no config tf_keras could read, no symbolic input."""
+
+    def __init__(self, units=16, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.hidden = keras.layers.Dense(units)
+        self.out = keras.layers.Dense(1)
+
+    def call(self, x):
+        return self.out(ops.tanh(self.hidden(x)))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def huberish(y_true, y_pred):
+    """A custom loss function, not registered."""
+    error = y_true - y_pred
+    return ops.mean(ops.sqrt(1.0 + ops.square(error)) - 1.0, axis=-1)
+
+
+def gated_model():
+    inputs = keras.Input((8,))
+    hidden = Gate()(keras.layers.Dense(16)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=huberish, metrics=["mae"])
+    return model
+
+
+def subclassed_model():
+    model = TwoLayers()
+    model(np.zeros((1, 8), "float32"))  # built, as a user's model is once called
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", metrics=["mae"])
+    return model
+
+
+def line_data():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2 * ROWS_PER_WORKER, 8)).astype("float32")
+    y = (x @ np.linspace(-1, 1, 8) + 0.5).astype("float32")
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def line_df(spark):
+    x, y = line_data()
+    frame = pd.DataFrame({"x": list(x), "y": y})
+    return partitioned(spark, frame, lambda i: int(i >= ROWS_PER_WORKER), 2)  # worker 0: rows [0, 96)
+
+
+def copy_of(model):
+    """The same model, weights and optimizer state, in this process."""
+    with keras.saving.custom_object_scope({"Gate": Gate, "huberish": huberish}):
+        clone = keras.models.clone_model(model)
+        clone.set_weights(model.get_weights())
+        clone.compile(**keras.saving.deserialize_keras_object(model.get_compile_config()))
+    return clone
+
+
+@pytest.mark.parametrize("build", [gated_model, subclassed_model], ids=["custom_layer_and_loss", "subclassed"])
+def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build):
+    keras.utils.set_random_seed(11)
+    model = build()
+    reference = copy_of(model)
+    result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False)
+
+    # One process, the same global batches: step i takes rows [16i, 16i+16) of each worker's shard.
+    x, y = line_data()
+    half = GLOBAL_BATCH // 2
+    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
+                            for i in range(0, ROWS_PER_WORKER, half)])
+    history = reference.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0).history
+
+    assert type(result.model) is type(model) and keras_flavor_of(result.model) == "keras3"
+    assert result.workers[0]["communication"]["implementation"].startswith("tfbarrier ring")
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]  # the replicas stayed equal
+    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(result.model.get_weights()[0], model.get_weights()[0])  # training moved them
+    for name in ("loss", "mae"):
+        np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
+    np.testing.assert_allclose(result.model.predict(x[:4], verbose=0), reference.predict(x[:4], verbose=0),
+                               rtol=1e-4, atol=1e-6)
+
+
+def keras_flavor_of(model):
+    from tfbarrier.model_spec import keras_flavor
+
+    return keras_flavor(model)
+
+
+@pytest.mark.parametrize("option, what, fix", [
+    ({"validation_split": 0.2}, "validation", "evaluate"),
+    ({"checkpoint_dir": "/tmp/tfbarrier-native-checkpoints"}, "checkpoint_dir", "FitResult.model"),
+    ({"communication": {"compression": "fp16"}}, "communication", "float32"),
+])
+def test_what_the_native_path_cannot_do_yet_is_refused_before_the_stage(spark, line_df, option, what, fix):
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    with pytest.raises(InvalidArgumentError, match=f"natively.*{what}.*{fix}"):
+        tfbarrier.fit(line_df, gated_model(), features="x", label="y", num_workers=2, **option)
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
