@@ -22,10 +22,11 @@ import os
 import tempfile
 from typing import Iterator
 
+import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import atomic, checks, cluster, driver_link, transfer
+from . import atomic, checks, cluster, driver_link, native_model, transfer
 from .attach import is_attached
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
 from .features import check_width
@@ -186,7 +187,9 @@ def _scoring_model(spark, model):
             payload = scratch.inline(scratch.add(name, write))
         source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": transfer.Payload(name, payload.size)}
     model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
-    return {"flavor": flavor, "config": config, "id": model_id, **source}
+    # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
+    objects = native_model.pickled_custom_objects(model) if flavor == "keras3" else None
+    return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, **source}
 
 
 def _weights_file(scoring):
@@ -238,7 +241,10 @@ def _load(scoring):
                 tf.config.threading.set_intra_op_parallelism_threads(context.cpus())
             except RuntimeError:
                 pass  # TensorFlow already initialised by earlier code in this worker
-        model = keras_module(scoring["flavor"]).models.model_from_json(scoring["config"])
+        keras = keras_module(scoring["flavor"])
+        objects = cloudpickle.loads(scoring["objects"]) if scoring.get("objects") else {}
+        with keras.saving.custom_object_scope(objects) if objects else contextlib.nullcontext():
+            model = keras.models.model_from_json(scoring["config"])
         read_weights(_weights_file(scoring), model.weights, lambda variable: [tf_variable(variable)])
         _models[model_id] = model
         while len(_models) > _CACHE_SIZE:
@@ -363,7 +369,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     if output == "features":
         model = feature_extractor(model, layer)
     layout = features_layout(data.schema, features, scoring=True)
-    input_shape = tuple(model.input_shape[1:])
+    input_shape = native_model.input_shape_of(model) if flavor == "keras3" else tuple(model.input_shape[1:])
     layout.check_input(input_shape)  # predict stays lazy: array lengths are checked batch by batch in the tasks
     transform = _output_transform(model, output)
     cluster.check_executor_python(data.sparkSession)

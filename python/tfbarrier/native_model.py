@@ -86,7 +86,17 @@ def custom_objects(model):
     return objects
 
 
-def _input_shape(model):
+def pickled_custom_objects(model):
+    """``custom_objects(model)``, cloudpickled: the user's own modules go by value (job.pickle_user_code)."""
+    objects = custom_objects(model)
+    try:
+        return pickle_user_code(objects, *objects.values())
+    except Exception as exc:
+        raise ModelError(f"the model's own classes and functions cannot be pickled ({type(exc).__name__}: "
+                         f"{exc}); define them at module level, without references to open files or sessions") from exc
+
+
+def input_shape_of(model):
     """The per-sample shape of the model's one input; None when unknown (a subclassed model not yet
     called). ModelError for several inputs."""
     try:
@@ -119,13 +129,8 @@ class NativeModel:
         if getattr(model, "optimizer", None) is None:
             raise ModelError("the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
                              "before fit()")
-        input_shape = _input_shape(model)
-        objects = custom_objects(model)
-        try:
-            pickled = pickle_user_code(objects, *objects.values())
-        except Exception as exc:
-            raise ModelError(f"the model's own classes and functions cannot be pickled ({type(exc).__name__}: "
-                             f"{exc}); define them at module level, without references to open files or sessions") from exc
+        input_shape = input_shape_of(model)
+        pickled = pickled_custom_objects(model)
         try:
             archive = save_archive(model)
         except Exception as exc:

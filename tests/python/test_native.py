@@ -131,3 +131,12 @@ def test_what_the_native_path_cannot_do_yet_is_refused_before_the_stage(spark, l
     with pytest.raises(InvalidArgumentError, match=f"natively.*{what}.*{fix}"):
         tfbarrier.fit(line_df, gated_model(), features="x", label="y", num_workers=2, **option)
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
+
+
+@pytest.mark.parametrize("build", [gated_model, subclassed_model], ids=["custom_layer_and_loss", "subclassed"])
+def test_a_keras3_model_with_classes_of_its_own_scores_on_the_executors(spark, line_df, build):
+    model = build()
+    x, _ = line_data()
+    scored = tfbarrier.predict(line_df, model, features="x", output="raw").toPandas()
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-6)
