@@ -138,8 +138,9 @@ def _write_trained(job, model, workdir, is_chief):
     return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
 
 
-def _validation_data(job, strategy, config, input_shape, training):
-    """(distributed validation dataset, steps) when the job validates, else None."""
+def _validation_data(job, strategy, config, input_shape, training, context=None):
+    """(distributed validation dataset, steps) when the job validates, else None; without a
+    ``strategy``, this worker's dataset for the input ``context``."""
     if not config.get("validation_steps"):
         return None
     path = os.path.join(os.path.dirname(config["shard"]), protocol.VALIDATION_FILE)
@@ -149,9 +150,8 @@ def _validation_data(job, strategy, config, input_shape, training):
     else:  # this worker validates padding only, in the form of its training rows (an empty file has none)
         shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype)
     steps = config["validation_steps"]
-    dataset = strategy.distribute_datasets_from_function(
-        shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps))
-    return dataset, steps
+    make = shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps)
+    return (make(context) if strategy is None else strategy.distribute_datasets_from_function(make)), steps
 
 
 def _history(epochs):

@@ -19,10 +19,12 @@ import os
 import sys
 import time
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from . import exchange, fit_training, memory, settings, shards
+from .errors import ModelError
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
 
@@ -48,10 +50,14 @@ def train(job, config, channel):
         timings = {"strategy_and_model": time.time() - started}
         progress, epoch_log, _, _, callbacks = fit_training._callbacks(
             channel, job, workdir, index, steps_per_epoch=config["steps_per_epoch"])
+        validation = fit_training._validation_data(job, None, config, input_shape, shard, context)
+        if validation is not None:  # first: every later callback sees val_*
+            callbacks.insert(0, Validation(*validation, ring, every=job.validation_freq))
         started = time.time()
         try:
             fit_training._fit(model, dataset, shard, input_shape, epochs=job.epochs,
-                              steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks)
+                              steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks,
+                              shuffle=False)  # the dataset shuffles (Keras 3 warns of its default otherwise)
         finally:
             progress.stop_keeping_alive()
         timings["training"] = time.time() - started
@@ -75,8 +81,6 @@ def train(job, config, channel):
 def _model(job, workdir, ring, config):
     """The user's model, compiled as they compiled it, its gradients and metrics crossing ``ring``;
     the memory checked once it is set up. Returns (model, {tensorflow_mb, baseline_mb})."""
-    import keras
-
     if job.seed is not None:
         keras.utils.set_random_seed(job.seed)
     tensorflow_mb, _ = fit_training.resident_mb()
@@ -122,21 +126,84 @@ def sum_metrics(model, ring):
     results = model._get_metrics_result_or_logs
 
     def global_results(logs):
-        variables = [v for metric in model.metrics for v in metric.variables
-                     if getattr(v, "aggregation", "sum") in ("sum", "mean")]
-        if ring.size > 1 and variables:
-            values = [np.asarray(v.numpy(), np.float64) for v in variables]
-            total = ring.all_reduce_sum(np.concatenate([value.reshape(-1) for value in values]))
-            at = 0
-            for variable, value in zip(variables, values):
-                summed = total[at:at + value.size].reshape(value.shape)
-                at += value.size
-                if variable.aggregation == "mean":
-                    summed = summed / ring.size
-                variable.assign(summed.astype(np.dtype(variable.dtype)))
+        _sum_variables([v for metric in model.metrics for v in metric.variables], ring)
         return results(logs)
 
     model._get_metrics_result_or_logs = global_results
+
+
+def _sum_variables(variables, ring):
+    """Replace each Keras variable that aggregates by sum (every metric's state) by its sum across
+    ``ring``, one that aggregates by mean by its mean: one exchange for them all."""
+    variables = [v for v in variables if getattr(v, "aggregation", "sum") in ("sum", "mean")]
+    if ring.size == 1 or not variables:
+        return
+    values = [np.asarray(v.numpy(), np.float64) for v in variables]
+    total = ring.all_reduce_sum(np.concatenate([value.reshape(-1) for value in values]))
+    at = 0
+    for variable, value in zip(variables, values):
+        summed = total[at:at + value.size].reshape(value.shape)
+        at += value.size
+        if variable.aggregation == "mean":
+            summed = summed / ring.size
+        variable.assign(summed.astype(np.dtype(variable.dtype)))
+
+
+def per_example_loss(model):
+    """The model's compiled loss, unreduced: one value per example."""
+    loss = model.loss
+    if isinstance(loss, (dict, list, tuple)):
+        raise ModelError("validation needs a model compiled with one loss, not one per output")
+    loss = keras.losses.get(loss)
+    if isinstance(loss, keras.losses.Loss):
+        return type(loss).from_config({**loss.get_config(), "reduction": None})
+    # A loss given by name or as a function: wrapped as compile() wraps it, which also matches the
+    # label's and the prediction's shapes. Keras exports no such wrapper.
+    from keras.src.losses.losses import LossFunctionWrapper
+
+    return LossFunctionWrapper(loss, reduction=None)
+
+
+class Validation(keras.callbacks.Callback):
+    """``val_loss`` and ``val_<metric>`` in every ``every``-th epoch's logs, from ``steps`` steps over
+    ``dataset`` ((x, y, present, sample weight) batches, present 0 for padding rows), summed across
+    ``ring``: every validation row counts once, as in one process's ``model.evaluate`` (evaluation.py
+    does the same under the strategy)."""
+
+    def __init__(self, dataset, steps, ring, every=1):
+        super().__init__()
+        self.dataset, self.steps, self.ring, self.every = dataset, steps, ring, every
+
+    def on_train_begin(self, logs=None):
+        model, loss = self.model, per_example_loss(self.model)
+
+        @tf.function
+        def step(x, y, present, weight):
+            predicted = model(x, training=False)
+            real = present > 0  # the compiled metrics= ignore sample weights: the padding rows are left out
+            if model._compile_metrics is not None:
+                model._compile_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real),
+                                                    tf.boolean_mask(weight, real))
+            losses = tf.cast(loss(y, predicted), tf.float32) * weight * present
+            return tf.reduce_sum(losses), tf.reduce_sum(present)
+
+        self._step = step
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or (epoch + 1) % self.every:
+            return
+        metrics = self.model._compile_metrics
+        if metrics is not None:
+            metrics.reset_state()
+        total = np.zeros(2)
+        for batch in self.dataset.take(self.steps):
+            total += [float(value) for value in self._step(*batch)]
+        total = self.ring.all_reduce_sum(total)
+        regularization = float(sum(float(loss) for loss in self.model.losses))
+        logs["val_loss"] = total[0] / total[1] + regularization
+        if metrics is not None:  # read across workers: every worker sums them in this order
+            _sum_variables(metrics.variables, self.ring)
+            logs.update({f"val_{name}": float(value) for name, value in metrics.result().items()})
 
 
 def _write_trained(model, workdir, is_chief):

@@ -122,7 +122,7 @@ def keras_flavor_of(model):
 
 
 @pytest.mark.parametrize("option, what, fix", [
-    ({"validation_split": 0.2}, "validation", "evaluate"),
+    ({"save_to": "/tmp/tfbarrier-native-saved"}, "save_to", "after the fit"),
     ({"checkpoint_dir": "/tmp/tfbarrier-native-checkpoints"}, "checkpoint_dir", "FitResult.model"),
     ({"communication": {"compression": "fp16"}}, "communication", "float32"),
 ])
@@ -140,3 +140,24 @@ def test_a_keras3_model_with_classes_of_its_own_scores_on_the_executors(spark, l
     scored = tfbarrier.predict(line_df, model, features="x", output="raw").toPandas()
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), model.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spark, line_df):
+    keras.utils.set_random_seed(12)
+    model = gated_model()
+    reference = copy_of(model)
+    x, y = line_data()
+    rng = np.random.default_rng(4)
+    xv = rng.normal(size=(41, 8)).astype("float32")
+    yv = (xv @ np.linspace(-1, 1, 8)).astype("float32")
+    validation = partitioned(spark, pd.DataFrame({"x": list(xv), "y": yv}), lambda i: int(i >= 30), 2)
+    result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False, validation_data=validation)
+
+    half = GLOBAL_BATCH // 2
+    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
+                            for i in range(0, ROWS_PER_WORKER, half)])
+    history = reference.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0,
+                            validation_data=(xv, yv)).history
+    for name in ("val_loss", "val_mae", "loss"):
+        np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
