@@ -161,3 +161,33 @@ def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spar
                             validation_data=(xv, yv)).history
     for name in ("val_loss", "val_mae", "loss"):
         np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
+
+
+@pytest.fixture
+def native_path(spark):
+    """spark.tfbarrier.keras3Training=native: Keras 3 models that tf_keras could rebuild train natively too."""
+    spark.conf.set("spark.tfbarrier.keras3Training", "native")
+    yield
+    spark.conf.unset("spark.tfbarrier.keras3Training")
+
+
+def keras3_overshooting_line():
+    """conftest.overshooting_line in Keras 3."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.SGD(1.2), loss="mse")
+    return model
+
+
+def test_a_users_keras3_early_stopping_stops_every_worker_on_the_val_loss_of_all_of_them(opposite_workers,
+                                                                                       native_path):
+    def early_stopping():
+        return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)]
+
+    result = tfbarrier.fit(opposite_workers[0], keras3_overshooting_line(), features="x", label="y", epochs=6,
+                           batch_size=8, steps_per_epoch=1, num_workers=2, shuffle=False,
+                           validation_data=opposite_workers[1], callbacks=early_stopping, timeout=300, verbose=0)
+    assert result.workers[0]["communication"]["implementation"].startswith("tfbarrier ring")
+    assert result.history["val_loss"] == pytest.approx([6.74, 7.2104], rel=1e-5)
+    assert result.stopped_epoch == 1 and result.epochs == 2  # epoch 0 is the best, epoch 1 no better
+    assert [w["steps"] for w in result.workers] == [2, 2]
+    assert result.model.get_weights()[0].item() == pytest.approx(0.48, rel=1e-5)
