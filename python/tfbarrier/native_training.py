@@ -48,7 +48,7 @@ def train(job, config, channel):
         dataset = shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
                                     job.shuffle_buffer, job.class_weight)(context)
         timings = {"strategy_and_model": time.time() - started}
-        progress, epoch_log, _, _, callbacks = fit_training._callbacks(
+        progress, epoch_log, saver, _, callbacks = fit_training._callbacks(
             channel, job, workdir, index, steps_per_epoch=config["steps_per_epoch"])
         validation = fit_training._validation_data(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
@@ -73,7 +73,7 @@ def train(job, config, channel):
                        memory=memory_mb, steps_per_execution=int(model.steps_per_execution),
                        communication=dict(COMMUNICATION))
     if index == 0:
-        fit_training._chiefs_output(output, job, epoch_log, None)
+        fit_training._chiefs_output(output, job, epoch_log, saver)
     return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output,
                          files=files)
 

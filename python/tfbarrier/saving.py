@@ -56,7 +56,7 @@ class SaveModel(tf_keras.callbacks.Callback):
         # inside the strategy's scope, which is per thread, and a variable made in that scope would be a
         # collective the other workers never join.
         self.keras_thread = None
-        if is_chief and spec.flavor != "function":
+        if is_chief and spec.flavor != "function" and not getattr(spec, "native", False):
             self.keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save")
         self.rebuilt = None  # that copy, built on the thread at the first save
 
@@ -108,6 +108,8 @@ class SaveModel(tf_keras.callbacks.Callback):
         return True
 
     def _archive(self):
+        if getattr(self.spec, "native", False):  # Keras 3 all along, and no read is a collective
+            return save_archive(self.model) if self.is_chief else None
         if self.spec.flavor == "function":  # tf_keras all along: the trained model itself
             return save_archive(self.model)
         weights = self.model.get_weights()  # on every worker: the read may be a collective

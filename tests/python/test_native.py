@@ -50,6 +50,9 @@ def huberish(y_true, y_pred):
     return ops.mean(ops.sqrt(1.0 + ops.square(error)) - 1.0, axis=-1)
 
 
+OWN_OBJECTS = {"Gate": Gate, "huberish": huberish, "TwoLayers": TwoLayers}
+
+
 def gated_model():
     inputs = keras.Input((8,))
     hidden = Gate()(keras.layers.Dense(16)(inputs))
@@ -81,7 +84,7 @@ def line_df(spark):
 
 def copy_of(model):
     """The same model, weights and optimizer state, in this process."""
-    with keras.saving.custom_object_scope({"Gate": Gate, "huberish": huberish}):
+    with keras.saving.custom_object_scope(OWN_OBJECTS):
         clone = keras.models.clone_model(model)
         clone.set_weights(model.get_weights())
         clone.compile(**keras.saving.deserialize_keras_object(model.get_compile_config()))
@@ -89,12 +92,12 @@ def copy_of(model):
 
 
 @pytest.mark.parametrize("build", [gated_model, subclassed_model], ids=["custom_layer_and_loss", "subclassed"])
-def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build):
+def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, tmp_path):
     keras.utils.set_random_seed(11)
     model = build()
     reference = copy_of(model)
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
-                           num_workers=2, shuffle=False)
+                           num_workers=2, shuffle=False, save_to=str(tmp_path))
 
     # One process, the same global batches: step i takes rows [16i, 16i+16) of each worker's shard.
     x, y = line_data()
@@ -113,6 +116,11 @@ def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, b
         np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
     np.testing.assert_allclose(result.model.predict(x[:4], verbose=0), reference.predict(x[:4], verbose=0),
                                rtol=1e-4, atol=1e-6)
+    # save_to: the chief's Keras 3 archive of each epoch; the last one holds the trained weights
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-001.keras", "epoch-002.keras", "saved.json"]
+    saved = keras.saving.load_model(tmp_path / "epoch-002.keras", custom_objects=OWN_OBJECTS)
+    for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(trained, kept)
 
 
 def keras_flavor_of(model):
@@ -122,7 +130,7 @@ def keras_flavor_of(model):
 
 
 @pytest.mark.parametrize("option, what, fix", [
-    ({"save_to": "/tmp/tfbarrier-native-saved"}, "save_to", "after the fit"),
+    ({"tensorboard_dir": "/tmp/tfbarrier-native-tensorboard"}, "tensorboard_dir", "keras.callbacks.TensorBoard"),
     ({"checkpoint_dir": "/tmp/tfbarrier-native-checkpoints"}, "checkpoint_dir", "FitResult.model"),
     ({"communication": {"compression": "fp16"}}, "communication", "float32"),
 ])
