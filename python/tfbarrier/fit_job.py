@@ -119,6 +119,10 @@ class FitJob(Job):
     def tensorflow_server(self):
         return not getattr(self.model, "native", False)
 
+    @property
+    def imports_keras3(self):
+        return getattr(self.model, "native", False)
+
     def execute(self, tf, config, channel):
         if not self.tensorflow_server:
             from . import native_training  # imports TensorFlow and Keras 3: only training processes do

@@ -36,6 +36,7 @@ class Job:
 
     needs_tensorflow = True  # False: the job runs without TensorFlow when its environment has none
     tensorflow_server = True  # False: the training process listens on its port itself (CONFIG's "listener")
+    imports_keras3 = False  # True: the training process imports Keras 3 with TensorFlow (a spare for it too)
 
     gpus: object = "hide"  # gpus.HIDE, gpus.TASK, or one list of GPU addresses per worker (local mode)
     tf_threads: int = None  # intra-op threads per training process; None: the task's CPUs

@@ -37,6 +37,7 @@ TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 CPU_POOL_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
 TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
 TF_CONFIG_ENV = "TF_CONFIG"  # the TensorFlow cluster, set by the training process before the strategy
+KERAS3_PRELOAD_ENV = "TFBARRIER_PRELOAD_KERAS3"  # "1": a training process imports Keras 3 with TensorFlow
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs of one training process (gpus.py)
 ATTEMPT_ENV = "TFBARRIER_ATTEMPT"  # set in every training process: 1, then 2... after resubmissions
 MODEL_LOAD_LOG_ENV = "TFBARRIER_MODEL_LOAD_LOG"  # test hook: a file every predict() model load is logged to

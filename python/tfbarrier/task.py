@@ -31,6 +31,8 @@ def _training_env(job, context, index):
         env.setdefault(key, value)
     env.update(settings.TRAINING_ENV)
     env[settings.GPUS_ENV] = gpus.visible_devices(job.gpus, context, index, os.environ)
+    if job.imports_keras3:  # while the task writes the shard (1 s here), and in the spare it leaves
+        env[settings.KERAS3_PRELOAD_ENV] = "1"
     return env
 
 

@@ -37,6 +37,9 @@ def _import_tensorflow():
     run and apply do without it when the environment has none)."""
     try:
         import tensorflow as tf
+
+        if os.environ.get(settings.KERAS3_PRELOAD_ENV) == "1":
+            import keras  # noqa: F401 - a native Keras 3 fit's (native_training.py)
     except Exception as exc:  # noqa: B902 - raised later, in the job's work directory
         return None, exc
     return tf, None
