@@ -142,9 +142,10 @@ class Ring:
                           retryable=True)
 
     def _send_loop(self):
-        while (chunk := self._sends.get()) is not None:
+        while (parts := self._sends.get()) is not None:
             try:
-                self._right.sendall(chunk)
+                for part in parts:
+                    self._right.sendall(part)
                 self._sent.put(None)
             except OSError as exc:
                 self._sent.put(exc)
@@ -152,7 +153,8 @@ class Ring:
     def _exchange(self, outgoing, incoming):
         """Send ``outgoing`` to the right while reading ``incoming``'s size from the left."""
         self._step += 1
-        self._sends.put(_STEP.pack(self._step) + outgoing.tobytes())
+        # ``outgoing`` is sent as it lies: no step changes it before this one's send is done
+        self._sends.put((_STEP.pack(self._step), memoryview(np.ascontiguousarray(outgoing)).cast("B")))
         try:
             step = _STEP.unpack(_recv_exactly(self._left, _STEP.size))[0]
             data = _recv_exactly(self._left, incoming.nbytes)

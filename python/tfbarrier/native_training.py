@@ -103,7 +103,9 @@ def exchange_gradients(optimizer, ring):
     apply = optimizer.apply
 
     def mean(flat):
-        return (ring.all_reduce_sum(flat) / np.float32(ring.size)).astype(np.float32)
+        total = ring.all_reduce_sum(flat)  # a copy: ``flat`` is TensorFlow's
+        total /= ring.size
+        return total
 
     def apply_mean(grads, trainable_variables=None):
         grads = list(grads)
