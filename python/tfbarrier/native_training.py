@@ -38,8 +38,11 @@ def train(job, config, channel):
     addresses = config["tf_config"]["cluster"]["worker"]
     shard = shards.Shard.open(config["shard"], config["rows"])
     started = time.time()
-    ring = exchange.Ring.join(index, addresses, job.secret.encode(), config["listener"],
-                              timeout=job.stall_timeout or settings.STALL_TIMEOUT)
+    try:
+        ring = exchange.Ring.join(index, addresses, job.secret.encode(), config["listener"],
+                                  timeout=job.stall_timeout or settings.STALL_TIMEOUT)
+    finally:
+        config["listener"].close()  # the ring is made: from here on this process listens on no port
     try:
         model, memory_mb = _model(job, workdir, ring, config)
         input_shape = job.model.input_shape or (shard.width,)
