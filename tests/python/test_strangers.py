@@ -1,0 +1,92 @@
+"""No stranger gets in (issue 44): a process outside the job, with no secret and no Spark access,
+tries what a plain TensorFlow client can do to a training process (read a file by placing
+tf.io.read_file on /job:worker/task:N) against every port a training process listens on while a fit
+trains. A native Keras 3 fit's training processes run no TensorFlow server and listen on no port once
+their ring is made (its admission is tested in test_exchange.py): the stranger gets nothing, and the fit
+goes on unharmed. (A translated fit's MultiWorkerMirroredStrategy server hands the file over: README,
+"Security".)"""
+
+import subprocess
+import sys
+import threading
+import time
+
+import keras
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+from test_native import GLOBAL_BATCH, gated_model, line_data
+
+import tfbarrier
+
+STRANGER = r"""
+import sys
+import tensorflow as tf
+
+port, path = sys.argv[1], sys.argv[2]
+for task in (0, 1):
+    with tf.Graph().as_default():
+        with tf.device(f"/job:worker/task:{task}"):
+            read = tf.io.read_file(path)
+        config = tf.compat.v1.ConfigProto(operation_timeout_in_ms=5000)
+        try:
+            with tf.compat.v1.Session(f"grpc://127.0.0.1:{port}", config=config) as session:
+                print("READ", session.run(read).decode(), flush=True)
+        except Exception as exc:
+            print("REFUSED", type(exc).__name__, flush=True)
+"""
+
+
+def training_processes():
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "tfb-worker"]
+
+
+def listening_ports(processes):
+    ports = set()
+    for process in processes:
+        try:
+            ports |= {c.laddr.port for c in process.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(ports)
+
+
+class Slowly(keras.callbacks.Callback):
+    """Keeps a fit training for a while (0.3 s a step), so the stranger finds it at work."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.3)
+
+
+def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_native_fit(spark, line_df, tmp_path):
+    marker = tmp_path / "marker.txt"
+    marker.write_text("the executor's secrets")
+    outcome = {}
+    fit = threading.Thread(target=lambda: outcome.update(result=tfbarrier.fit(
+        line_df, gated_model(), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, steps_per_epoch=40,
+        num_workers=2, callbacks=lambda: [Slowly()], verbose=0)))
+    fit.start()
+    deadline = time.monotonic() + 120
+    while len(processes := training_processes()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(processes) == 2, "the fit's training processes did not start"
+    time.sleep(3.0)  # past the ring's making: the processes train
+    ports = listening_ports(processes)
+    answers = [subprocess.run([sys.executable, "-c", STRANGER, str(port), str(marker)], capture_output=True,
+                              text=True, timeout=120).stdout for port in ports]
+    assert fit.is_alive(), "the fit ended before the stranger came: slow it more"
+    fit.join(timeout=300)
+
+    assert ports == [], "a native training process listens on a port while it trains"
+    assert not any("READ" in answer for answer in answers), answers
+    result = outcome["result"]  # the fit went on unharmed
+    assert [w["steps"] for w in result.workers] == [40, 40]
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+    assert np.isfinite(result.history["loss"]).all()
+
+
+@pytest.fixture(scope="module")
+def line_df(spark):
+    x, y = line_data()
+    return spark.createDataFrame(pd.DataFrame({"x": list(x), "y": y})).repartition(2)
