@@ -202,3 +202,33 @@ test_that("plot() on a fit draws each metric per epoch, with its val_ twin where
   expect_equal(drawn_series(panels <- plot(fit)), list(loss = list(data.frame(x = 1:3, y = c(2.3, 1.1, 0.7)))))
   expect_equal(panels, c(loss = NA_character_))
 })
+
+test_that("spark_tf_fit trains a Keras 3 model with a custom layer from the user's own Python module", {
+  skip_if_no_tfbarrier()
+  dir <- tempfile("layers-")
+  dir.create(dir)
+  writeLines(c("import keras",
+               "from keras import ops",
+               "",
+               "class Gate(keras.layers.Layer):",
+               "    def build(self, input_shape):",
+               "        self.scale = self.add_weight(shape=(input_shape[-1],), initializer='ones')",
+               "",
+               "    def call(self, x):",
+               "        return x * ops.sigmoid(x * self.scale)"), file.path(dir, "my_layers.py"))
+  layers <- reticulate::import_from_path("my_layers", dir)  # a module the executors cannot import
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  keras$utils$set_random_seed(1L)
+  inputs <- keras$Input(shape = list(64L))
+  hidden <- layers$Gate()(keras$layers$Dense(32L)(inputs))
+  model <- keras$Model(inputs, keras$layers$Dense(10L)(hidden))
+  model$compile(optimizer = keras$optimizers$Adam(0.01), metrics = list("accuracy"),
+                loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
+  data <- digits_split()
+  fit <- spark_tf_fit(data$train, model, features = "pixels", label = "digit", epochs = 3, batch_size = 64,
+                      num_workers = 2, spark = test_spark())
+  expect_equal(nrow(fit$history), 3)
+  expect_length(unique(fit$workers$checksum), 1)
+  expect_true(inherits(fit$model$layers[[3]], "my_layers.Gate"))  # the user's class, trained natively
+  expect_gte(mean(predict(fit, data$held_out) == data$held_out$digit), 0.85)
+})
