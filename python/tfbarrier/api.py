@@ -308,7 +308,8 @@ def _native_options(checkpoint_dir, tensorboard_dir, communication):
     native_model.check_options(
         checkpoint_dir=(checkpoint_dir, "leave it out; save the trained model from FitResult.model"),
         tensorboard_dir=(tensorboard_dir, "pass a keras.callbacks.TensorBoard in callbacks="),
-        communication=(communication, "leave it out: the gradients travel in float32 over tfbarrier's ring"))
+        **{"communication['implementation']": ((communication or {}).get("implementation", "auto") != "auto",
+                                                 "leave it out: the gradients travel over tfbarrier's ring")})
 
 
 def _run_fit(frame, job, model, files, num_workers, staging, tracked):

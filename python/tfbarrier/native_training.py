@@ -23,13 +23,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import exchange, fit_training, memory, settings, shards
+from . import communication, exchange, fit_training, memory, settings, shards
 from .errors import ModelError
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
 
 TRAINED_ARCHIVE_FILE = "trained.keras"  # the chief's trained model, for the driver
-COMMUNICATION = {"implementation": "tfbarrier ring (authenticated)", "compression": "none"}
+COMMUNICATION = {"implementation": "tfbarrier ring (authenticated)"}
 
 
 def train(job, config, channel):
@@ -40,11 +40,12 @@ def train(job, config, channel):
     started = time.time()
     try:
         ring = exchange.Ring.join(index, addresses, job.secret.encode(), config["listener"],
-                                  timeout=job.stall_timeout or settings.STALL_TIMEOUT)
+                                  timeout=(job.communication or {}).get("timeout_seconds") or job.stall_timeout
+                                  or settings.STALL_TIMEOUT)
     finally:
         config["listener"].close()  # the ring is made: from here on this process listens on no port
     try:
-        model, memory_mb = _model(job, workdir, ring, config)
+        model, memory_mb, sent = _model(job, workdir, ring, config)
         input_shape = job.model.input_shape or (shard.width,)
         job.layout.check_input(input_shape, shard.width)
         context = tf.distribute.InputContext(num_replicas_in_sync=len(addresses))
@@ -74,7 +75,7 @@ def train(job, config, channel):
     finished_at, (_, memory_mb["peak_mb"]) = time.time(), fit_training.resident_mb()
     output = FitOutput(steps=progress.steps, checksum=write_weights(model.weights), first_step_at=progress.first_step_at,
                        memory=memory_mb, steps_per_execution=int(model.steps_per_execution),
-                       communication=dict(COMMUNICATION))
+                       communication=sent)
     if index == 0:
         fit_training._chiefs_output(output, job, epoch_log, saver)
     return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output,
@@ -83,7 +84,8 @@ def train(job, config, channel):
 
 def _model(job, workdir, ring, config):
     """The user's model, compiled as they compiled it, its gradients and metrics crossing ``ring``;
-    the memory checked once it is set up. Returns (model, {tensorflow_mb, baseline_mb})."""
+    the memory checked once it is set up. Returns (model, {tensorflow_mb, baseline_mb}, how the gradients
+    travel)."""
     if job.seed is not None:
         keras.utils.set_random_seed(job.seed)
     tensorflow_mb, _ = fit_training.resident_mb()
@@ -91,19 +93,26 @@ def _model(job, workdir, ring, config):
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
     if isinstance(job.steps_per_execution, int):
         model.steps_per_execution = job.steps_per_execution
-    exchange_gradients(model.optimizer, ring)
+    sent = exchange_gradients(model.optimizer, ring, job.communication)
     sum_metrics(model, ring)
     baseline_mb, _ = fit_training.resident_mb()
     if job.memory_check:
         memory.check_on_host(memory.ModelSize.of(model), job.batch_size // ring.size, config["workers_on_host"],
                              int((baseline_mb - tensorflow_mb) * 2**20))
-    return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}
+    return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}, sent
 
 
-def exchange_gradients(optimizer, ring):
-    """Make ``optimizer`` apply the mean of every worker's gradients: one float32 buffer of them all
-    crosses ``ring`` per step, from inside the compiled step."""
+def exchange_gradients(optimizer, ring, options=None):
+    """Make ``optimizer`` apply the mean of every worker's gradients. They cross ``ring`` from inside the
+    compiled step in packs: consecutive gradients together up to ``bytes_per_pack`` (fit's
+    ``communication``; 0: one pack), a larger one alone (no copy of it is made to join a pack), one pack
+    after the other (the ring carries one exchange at a time, in the same order on every worker); in
+    float16 with ``compression="fp16"``, as communication.py does under the strategy. Returns what
+    FitResult.workers reports of it."""
     apply = optimizer.apply
+    options = options or {}
+    pack_bytes = options.get("bytes_per_pack", communication.PACK_BYTES) or float("inf")
+    dtype = tf.float16 if options.get("compression") == "fp16" else tf.float32
 
     def mean(flat):
         total = ring.all_reduce_sum(flat)  # a copy: ``flat`` is TensorFlow's
@@ -113,16 +122,35 @@ def exchange_gradients(optimizer, ring):
     def apply_mean(grads, trainable_variables=None):
         grads = list(grads)
         present = [i for i, grad in enumerate(grads) if grad is not None]  # the same on every worker
-        if ring.size > 1 and present:
-            dense = [tf.convert_to_tensor(grads[i]) for i in present]  # an embedding's IndexedSlices too
-            flat = tf.concat([tf.reshape(tf.cast(grad, tf.float32), [-1]) for grad in dense], 0)
-            summed = tf.numpy_function(mean, [flat], tf.float32, stateful=True)
-            pieces = tf.split(summed, [int(np.prod(grad.shape)) for grad in dense])
-            for i, grad, piece in zip(present, dense, pieces):
-                grads[i] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
+        if ring.size > 1:
+            dense = {i: tf.convert_to_tensor(grads[i]) for i in present}  # an embedding's IndexedSlices too
+            previous = []
+            for pack in _packs([(i, dense[i]) for i in present], pack_bytes):
+                with tf.control_dependencies(previous):
+                    flat = tf.concat([tf.reshape(tf.cast(grad, dtype), [-1]) for _, grad in pack], 0)
+                    summed = tf.numpy_function(mean, [flat], dtype, stateful=True)
+                previous = [summed]
+                pieces = tf.split(summed, [grad.shape.num_elements() for _, grad in pack]) if len(pack) > 1 else [summed]
+                for (i, grad), piece in zip(pack, pieces):
+                    grads[i] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
         return apply(grads, trainable_variables)
 
     optimizer.apply = apply_mean
+    return {**COMMUNICATION, "bytes_per_pack": options.get("bytes_per_pack", communication.PACK_BYTES),
+            "compression": options.get("compression", "none")}
+
+
+def _packs(gradients, pack_bytes):
+    """``gradients`` ((index, tensor) in order) in runs of at most ``pack_bytes`` of float32 (a larger one alone)."""
+    packs, size = [], pack_bytes
+    for index, grad in gradients:
+        grad_bytes = 4 * grad.shape.num_elements()
+        if size + grad_bytes > pack_bytes:
+            packs.append([])
+            size = 0
+        packs[-1].append((index, grad))
+        size += grad_bytes
+    return packs
 
 
 def sum_metrics(model, ring):

@@ -91,13 +91,16 @@ def copy_of(model):
     return clone
 
 
-@pytest.mark.parametrize("build", [gated_model, subclassed_model], ids=["custom_layer_and_loss", "subclassed"])
-def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, tmp_path):
+@pytest.mark.parametrize("build, options", [
+    (gated_model, {}),
+    (subclassed_model, {"communication": {"bytes_per_pack": 600}}),  # the gradients in 2 packs: 512 + 64, 64 + 4 bytes
+], ids=["custom_layer_and_loss", "subclassed_in_packs"])
+def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, options, tmp_path):
     keras.utils.set_random_seed(11)
     model = build()
     reference = copy_of(model)
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
-                           num_workers=2, shuffle=False, save_to=str(tmp_path))
+                           num_workers=2, shuffle=False, save_to=str(tmp_path), **options)
 
     # One process, the same global batches: step i takes rows [16i, 16i+16) of each worker's shard.
     x, y = line_data()
@@ -107,7 +110,9 @@ def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, b
     history = reference.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0).history
 
     assert type(result.model) is type(model) and keras_flavor_of(result.model) == "keras3"
-    assert result.workers[0]["communication"]["implementation"].startswith("tfbarrier ring")
+    communication = result.workers[0]["communication"]
+    assert communication["implementation"].startswith("tfbarrier ring")
+    assert communication["bytes_per_pack"] == options.get("communication", {}).get("bytes_per_pack", 16 * 2**20)
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]  # the replicas stayed equal
     for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
@@ -132,7 +137,7 @@ def keras_flavor_of(model):
 @pytest.mark.parametrize("option, what, fix", [
     ({"tensorboard_dir": "/tmp/tfbarrier-native-tensorboard"}, "tensorboard_dir", "keras.callbacks.TensorBoard"),
     ({"checkpoint_dir": "/tmp/tfbarrier-native-checkpoints"}, "checkpoint_dir", "FitResult.model"),
-    ({"communication": {"compression": "fp16"}}, "communication", "float32"),
+    ({"communication": {"implementation": "ring"}}, "implementation", "tfbarrier's ring"),
 ])
 def test_what_the_native_path_cannot_do_yet_is_refused_before_the_stage(spark, line_df, option, what, fix):
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
@@ -199,3 +204,16 @@ def test_a_users_keras3_early_stopping_stops_every_worker_on_the_val_loss_of_all
     assert result.stopped_epoch == 1 and result.epochs == 2  # epoch 0 is the best, epoch 1 no better
     assert [w["steps"] for w in result.workers] == [2, 2]
     assert result.model.get_weights()[0].item() == pytest.approx(0.48, rel=1e-5)
+
+
+@pytest.mark.parametrize("compression, expected", [("none", 1 + 2**-12), ("fp16", 1.0)])
+def test_fp16_compression_sums_the_gradients_in_float16(spark, native_path, compression, expected):
+    # As test_fidelity's tf_keras case: x = 1 + 2**-12 on every row, so each worker's gradient, -(1 + 2**-12) / 2,
+    # is exact in float32 and rounds to -0.5 in float16; one step of SGD(1) on MAE adds the gradients' mean to w.
+    frame = pd.DataFrame({"x": [[1 + 2**-12]] * 4, "y": [10.0] * 4})
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.SGD(1.0), loss="mae")
+    result = tfbarrier.fit(partitioned(spark, frame, lambda i: i // 2, 2), model, features="x", label="y", epochs=1,
+                           batch_size=4, num_workers=2, shuffle=False, communication={"compression": compression})
+    assert result.workers[0]["communication"]["compression"] == compression
+    assert result.model.get_weights()[0].item() == expected
