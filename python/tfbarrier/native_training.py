@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import communication, exchange, fit_training, memory, settings, shards
+from . import communication, exchange, fit_training, memory, optimizers, settings, shards
 from .errors import ModelError
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
@@ -93,6 +93,7 @@ def _model(job, workdir, ring, config):
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
     if isinstance(job.steps_per_execution, int):
         model.steps_per_execution = job.steps_per_execution
+    optimizers.fuse_keras3_updates(model.optimizer)
     sent = exchange_gradients(model.optimizer, ring, job.communication)
     sum_metrics(model, ring)
     baseline_mb, _ = fit_training.resident_mb()

@@ -71,3 +71,46 @@ def test_other_optimizers_and_subclasses_keep_their_own_update():
         optimizers.build(model, strategy=None)
         optimizers.fuse_updates(model)
         assert "update_step" not in vars(model.optimizer) and update_kernels(model) == set()
+
+
+KERAS3_OPTIMIZERS = {
+    "sgd": ("SGD", {"learning_rate": 0.1}, "ResourceApplyGradientDescent"),
+    "nesterov": ("SGD", {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}, "ResourceApplyKerasMomentum"),
+    "adam": ("Adam", {"learning_rate": 0.01}, "ResourceApplyAdam"),
+    "amsgrad": ("Adam", {"learning_rate": 0.01, "amsgrad": True}, "ResourceApplyAdamWithAmsgrad"),
+}
+
+
+@pytest.mark.parametrize("name", KERAS3_OPTIMIZERS)
+def test_fused_updates_give_keras3_own_weights_and_slots(name):
+    import keras
+
+    kind, arguments, kernel = KERAS3_OPTIMIZERS[name]
+
+    def model():
+        keras.utils.set_random_seed(0)
+        built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(3)])
+        built.compile(optimizer=getattr(keras.optimizers, kind)(**arguments),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return built
+
+    keras_model, fused_model = model(), model()
+    optimizers.fuse_keras3_updates(fused_model.optimizer)
+    rng = np.random.default_rng(1)
+    for _ in range(4):
+        x, y = rng.normal(size=(16, 6)).astype("float32"), rng.integers(0, 3, 16)
+        keras_model.train_on_batch(x, y)
+        fused_model.train_on_batch(x, y)
+    for mine, theirs in zip(fused_model.weights + fused_model.optimizer.variables,
+                            keras_model.weights + keras_model.optimizer.variables, strict=True):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-6)
+    assert keras3_update_kernels(fused_model) == {kernel} and keras3_update_kernels(keras_model) == set()
+
+
+def keras3_update_kernels(model):
+    """The fused kernels in the graph (and the functions it calls) of one ``apply`` of ``model``'s optimizer."""
+    variables = model.trainable_variables
+    graph = tf.function(lambda: model.optimizer.apply([tf.ones(v.shape) for v in variables], variables)
+                        ).get_concrete_function().graph.as_graph_def()
+    nodes = [*graph.node, *[node for function in graph.library.function for node in function.node_def]]
+    return {node.op for node in nodes} & FUSED_KERNELS
