@@ -217,3 +217,16 @@ def test_fp16_compression_sums_the_gradients_in_float16(spark, native_path, comp
                            batch_size=4, num_workers=2, shuffle=False, communication={"compression": compression})
     assert result.workers[0]["communication"]["compression"] == compression
     assert result.model.get_weights()[0].item() == expected
+
+
+def test_tune_ranks_keras3_models_that_train_natively(spark, line_df):
+    def build(params):
+        model = gated_model()
+        model.optimizer.learning_rate.assign(params["learning_rate"])
+        return model
+
+    search = tfbarrier.tune(line_df, build, {"learning_rate": [1e-6, 0.05]}, features="x", label="y",
+                            validation_split=0.25, epochs=3, batch_size=GLOBAL_BATCH, verbose=0, seed=3)
+    assert list(search.trials["status"]) == ["ok", "ok"]
+    assert search.best_params == {"learning_rate": 0.05}  # a rate of 1e-6 barely moves the weights
+    assert isinstance(search.best_model.layers[2], Gate)
