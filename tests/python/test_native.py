@@ -230,3 +230,19 @@ def test_tune_ranks_keras3_models_that_train_natively(spark, line_df):
     assert list(search.trials["status"]) == ["ok", "ok"]
     assert search.best_params == {"learning_rate": 0.05}  # a rate of 1e-6 barely moves the weights
     assert isinstance(search.best_model.layers[2], Gate)
+
+
+def test_mlflow_logs_a_native_fit_and_its_model_with_its_own_classes(spark, line_df, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    from test_tracking import tracking_to
+
+    with tracking_to(tmp_path) as client:
+        result = tfbarrier.fit(line_df, gated_model(), features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
+                               num_workers=2, verbose=0, mlflow="native")
+        run = client.get_run(result.mlflow_run_id)
+        with keras.saving.custom_object_scope(OWN_OBJECTS):
+            logged = mlflow.keras.load_model(f"runs:/{run.info.run_id}/model")
+    assert run.info.status == "FINISHED" and run.data.params["model_kind"] == "keras3"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "loss")] == result.history["loss"]
+    x, _ = line_data()
+    np.testing.assert_allclose(logged.predict(x[:8], verbose=0), result.model.predict(x[:8], verbose=0), rtol=1e-6)
