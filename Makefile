@@ -134,13 +134,15 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2; }
 
 # tf-keras declares a dependency on the full `tensorflow` wheel (+600 MB next to tensorflow-cpu):
-# it is installed with --no-deps, after tensorflow-cpu.
+# it is installed with --no-deps, after tensorflow-cpu; so are keras-hub (the tests' KerasHub models) and
+# tensorflow-text, which keras-hub asks for, and then keras-hub's other dependencies.
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(CONSTRAINTS) -e ".[dev,connect,optuna,mlflow]" "tensorflow-cpu==2.21.*" "tensorboard==2.21.*"
-	$(PIP) install -q $(CONSTRAINTS) --no-deps "tf-keras==2.21.*"
-	$(PY) -c "import numpy, pyarrow, pyspark, tensorflow, tf_keras; assert numpy.__version__ < '2'"
+	$(PIP) install -q $(CONSTRAINTS) --no-deps "tf-keras==2.21.*" "keras-hub==0.32.*" "tensorflow-text==2.21.*"
+	$(PIP) install -q $(CONSTRAINTS) regex rich "kagglehub!=1.0.1" "kagglesdk==0.1.28" sentencepiece tokenizers
+	$(PY) -c "import numpy, pyarrow, pyspark, tensorflow, tf_keras, keras_hub; assert numpy.__version__ < '2'"
 	touch $@
 
 clean:

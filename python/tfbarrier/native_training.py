@@ -122,15 +122,17 @@ def exchange_gradients(optimizer, ring, options=None):
 
     def apply_mean(grads, trainable_variables=None):
         grads = list(grads)
-        present = [i for i, grad in enumerate(grads) if grad is not None]  # the same on every worker
         if ring.size > 1:
-            dense = {i: tf.convert_to_tensor(grads[i]) for i in present}  # an embedding's IndexedSlices too
-            previous = []
-            for pack in _packs([(i, dense[i]) for i in present], pack_bytes):
-                with tf.control_dependencies(previous):
+            after = []  # the ring's exchanges, one after the other
+            sparse = [i for i, grad in enumerate(grads) if isinstance(grad, tf.IndexedSlices)]
+            for i in sparse:
+                grads[i], after = _gathered_slices(grads[i], ring, after)
+            dense = [(i, grad) for i, grad in enumerate(grads) if grad is not None and i not in sparse]
+            for pack in _packs(dense, pack_bytes):
+                with tf.control_dependencies(after):
                     flat = tf.concat([tf.reshape(tf.cast(grad, dtype), [-1]) for _, grad in pack], 0)
                     summed = tf.numpy_function(mean, [flat], dtype, stateful=True)
-                previous = [summed]
+                after = [summed]
                 pieces = tf.split(summed, [grad.shape.num_elements() for _, grad in pack]) if len(pack) > 1 else [summed]
                 for (i, grad), piece in zip(pack, pieces):
                     grads[i] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
@@ -139,6 +141,22 @@ def exchange_gradients(optimizer, ring, options=None):
     optimizer.apply = apply_mean
     return {**COMMUNICATION, "bytes_per_pack": options.get("bytes_per_pack", communication.PACK_BYTES),
             "compression": options.get("compression", "none")}
+
+
+def _gathered_slices(grad, ring, after):
+    """A sparse gradient (an embedding's IndexedSlices: a row per lookup, the same count on every worker)
+    as every worker's rows together, their values divided by the workers: what one process's gradient on
+    the global batch holds, for Keras's sparse update (densified, Adam's would differ). Returns it and the
+    exchange the next must follow."""
+    def gather(values):
+        return ring.all_gather(values).reshape(-1, *values.shape[1:])
+
+    with tf.control_dependencies(after):
+        values = tf.numpy_function(gather, [grad.values], grad.values.dtype, stateful=True)
+    with tf.control_dependencies([values]):
+        indices = tf.numpy_function(gather, [grad.indices], grad.indices.dtype, stateful=True)
+    values = tf.reshape(values, [-1, *grad.values.shape[1:]]) / tf.cast(ring.size, grad.values.dtype)
+    return tf.IndexedSlices(values, tf.reshape(indices, [-1]), grad.dense_shape), [indices]
 
 
 def _packs(gradients, pack_bytes):

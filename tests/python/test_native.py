@@ -246,3 +246,53 @@ def test_mlflow_logs_a_native_fit_and_its_model_with_its_own_classes(spark, line
     assert [m.value for m in client.get_metric_history(run.info.run_id, "loss")] == result.history["loss"]
     x, _ = line_data()
     np.testing.assert_allclose(logged.predict(x[:8], verbose=0), result.model.predict(x[:8], verbose=0), rtol=1e-6)
+
+
+SEQUENCE, VOCABULARY = 12, 40
+
+
+def token_data(rows, seed):
+    """Sequences of token ids; the label says whether token 7 occurs in the sequence."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, VOCABULARY, size=(rows, SEQUENCE))
+    return ids.astype("int32"), (ids == 7).any(axis=1).astype("int64")
+
+
+def kerashub_classifier():
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(21)
+    inputs = keras.Input((SEQUENCE,), dtype="int32")
+    embedded = keras_hub.layers.TokenAndPositionEmbedding(VOCABULARY, SEQUENCE, 16)(inputs)
+    encoded = keras_hub.layers.TransformerEncoder(intermediate_dim=32, num_heads=2)(embedded)
+    outputs = keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(encoded))
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(0.005), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_kerashub_text_classifier_on_token_ids_trains_as_one_process_and_scores(spark):
+    model = kerashub_classifier()
+    reference = copy_of(model)
+    ids, labels = token_data(2 * ROWS_PER_WORKER, seed=5)
+    frame = pd.DataFrame({"ids": list(ids), "label": labels})
+    df = partitioned(spark, frame, lambda i: int(i >= ROWS_PER_WORKER), 2)
+    result = tfbarrier.fit(df, model, features="ids", label="label", epochs=3, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False)
+
+    half = GLOBAL_BATCH // 2
+    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
+                            for i in range(0, ROWS_PER_WORKER, half)])
+    history = reference.fit(ids[order], labels[order], batch_size=GLOBAL_BATCH, epochs=3, shuffle=False,
+                            verbose=0).history
+    # The embedding's sparse gradient reaches Keras's sparse Adam as one process's would (every worker's rows):
+    # densified, it moved the embedding by up to 0.15. Adam turns the float32 rounding of near-zero gradients
+    # (the workers' backward passes add in another order) into steps of up to its rate: 3.4e-4 here.
+    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
+    assert result.history["accuracy"][-1] > result.history["accuracy"][0]
+
+    scored = tfbarrier.predict(df, result.model, features="ids", output="raw").toPandas()
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), result.model.predict(ids, verbose=0),
+                               rtol=1e-4, atol=1e-5)
