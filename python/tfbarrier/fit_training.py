@@ -248,12 +248,14 @@ class EpochLog(tf_keras.callbacks.Callback):
                 json.dump(self.epochs, f)
 
 
-def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None):
+def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None,
+               keras=tf_keras):
     """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
     step clock and progress heartbeat, the epoch log, the saved models (save_to), and the checkpoints
     when there is a checkpoint directory (after them, so that a resumed attempt finds the epoch it
     resumes after logged and saved); then the user's. ``resume``: where this attempt starts
-    (checkpoints.resume_point). Returns (progress, epoch log, saver, checkpoints, every callback)."""
+    (checkpoints.resume_point); ``keras``: the Keras of the model (TensorBoard's). Returns (progress, epoch
+    log, saver, checkpoints, every callback)."""
     is_chief = index == 0
     progress = Progress(channel, resume["steps_done"] if resume else 0, steps_per_epoch)
     epoch_log = EpochLog(job.checkpoint_dir, is_chief)
@@ -270,7 +272,7 @@ def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch
                             steps_per_epoch)
         callbacks.append(saves)
     if job.tensorboard_dir and is_chief:
-        callbacks.append(tf_keras.callbacks.TensorBoard(job.tensorboard_dir))
+        callbacks.append(keras.callbacks.TensorBoard(job.tensorboard_dir))
     if job.callbacks:
         with open(job.callbacks.path(workdir), "rb") as f:
             callbacks.extend(cloudpickle.load(f)())

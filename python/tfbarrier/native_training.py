@@ -53,7 +53,7 @@ def train(job, config, channel):
                                     job.shuffle_buffer, job.class_weight)(context)
         timings = {"strategy_and_model": time.time() - started}
         progress, epoch_log, saver, _, callbacks = fit_training._callbacks(
-            channel, job, workdir, index, steps_per_epoch=config["steps_per_epoch"])
+            channel, job, workdir, index, steps_per_epoch=config["steps_per_epoch"], keras=keras)
         validation = fit_training._validation_data(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
             callbacks.insert(0, Validation(*validation, ring, every=job.validation_freq))

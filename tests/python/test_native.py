@@ -135,7 +135,6 @@ def keras_flavor_of(model):
 
 
 @pytest.mark.parametrize("option, what, fix", [
-    ({"tensorboard_dir": "/tmp/tfbarrier-native-tensorboard"}, "tensorboard_dir", "keras.callbacks.TensorBoard"),
     ({"checkpoint_dir": "/tmp/tfbarrier-native-checkpoints"}, "checkpoint_dir", "FitResult.model"),
     ({"communication": {"implementation": "ring"}}, "implementation", "tfbarrier's ring"),
 ])
@@ -155,7 +154,7 @@ def test_a_keras3_model_with_classes_of_its_own_scores_on_the_executors(spark, l
                                rtol=1e-5, atol=1e-6)
 
 
-def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spark, line_df):
+def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spark, line_df, tmp_path):
     keras.utils.set_random_seed(12)
     model = gated_model()
     reference = copy_of(model)
@@ -165,7 +164,7 @@ def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spar
     yv = (xv @ np.linspace(-1, 1, 8)).astype("float32")
     validation = partitioned(spark, pd.DataFrame({"x": list(xv), "y": yv}), lambda i: int(i >= 30), 2)
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
-                           num_workers=2, shuffle=False, validation_data=validation)
+                           num_workers=2, shuffle=False, validation_data=validation, tensorboard_dir=str(tmp_path))
 
     half = GLOBAL_BATCH // 2
     order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
@@ -174,6 +173,8 @@ def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spar
                             validation_data=(xv, yv)).history
     for name in ("val_loss", "val_mae", "loss"):
         np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
+    # tensorboard_dir: the chief's Keras 3 TensorBoard logs, training and validation
+    assert {path.parent.name for path in tmp_path.rglob("events.out.tfevents.*")} == {"train", "validation"}
 
 
 @pytest.fixture
