@@ -232,3 +232,28 @@ test_that("spark_tf_fit trains a Keras 3 model with a custom layer from the user
   expect_true(inherits(fit$model$layers[[3]], "my_layers.Gate"))  # the user's class, trained natively
   expect_gte(mean(predict(fit, data$held_out) == data$held_out$digit), 0.85)
 })
+
+test_that("spark_tf_fit trains a KerasHub text classifier on token ids, and it predicts", {
+  skip_if_no_tfbarrier()
+  keras_hub <- tfbarrier:::import_after_tfbarrier("keras_hub")  # tfbarrier[kerashub]
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  set.seed(1)
+  ids <- matrix(sample.int(39L, 384 * 12, replace = TRUE), nrow = 384)
+  data <- data.frame(label = as.integer(apply(ids == 7L, 1, any)))
+  data$ids <- ids
+  keras$utils$set_random_seed(2L)
+  inputs <- keras$Input(shape = list(12L), dtype = "int32")
+  embedded <- keras_hub$layers$TokenAndPositionEmbedding(40L, 12L, 16L)(inputs)
+  encoded <- keras_hub$layers$TransformerEncoder(intermediate_dim = 32L, num_heads = 2L)(embedded)
+  model <- keras$Model(inputs, keras$layers$Dense(2L)(keras$layers$GlobalAveragePooling1D()(encoded)))
+  model$compile(optimizer = keras$optimizers$Adam(0.005), metrics = list("accuracy"),
+                loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
+  fit <- spark_tf_fit(data, model, features = "ids", label = "label", epochs = 4, batch_size = 32,
+                      num_workers = 2, spark = test_spark())
+  expect_equal(nrow(fit$history), 4)
+  expect_length(unique(fit$workers$checksum), 1)
+  expect_lt(fit$history$loss[4], fit$history$loss[1])
+  predicted <- predict(fit, data[1:50, ])
+  expect_length(predicted, 50)
+  expect_true(all(predicted %in% c(0L, 1L)))
+})
