@@ -288,7 +288,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         spark = data.sparkSession
         spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"))
         if getattr(spec, "native", False):
-            _native_options(checkpoint_dir, communication)
+            _native_options(communication)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
@@ -303,10 +303,9 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         return _run_fit(frame, job, model, files, num_workers, staging, tracked)
 
 
-def _native_options(checkpoint_dir, communication):
+def _native_options(communication):
     """Refuse what a Keras 3 model that trains natively cannot have yet."""
     native_model.check_options(
-        checkpoint_dir=(checkpoint_dir, "leave it out; save the trained model from FitResult.model"),
         **{"communication['implementation']": ((communication or {}).get("implementation", "auto") != "auto",
                                                  "leave it out: the gradients travel over tfbarrier's ring")})
 

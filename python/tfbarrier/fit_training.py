@@ -181,6 +181,7 @@ class Progress(tf_keras.callbacks.Callback):
         self.channel.send(protocol.PROGRESS, steps=self.skipped + self.steps, **fields)
 
     def on_train_begin(self, logs=None):
+        self.stop_keeping_alive()  # a resumed native fit's second fit (native_checkpoints.fit_plan)
         self._summed = _replicas_summed_in_batch_logs(self.model)
         self._send(total_steps=self.params["epochs"] * self.params["steps"])
 
@@ -249,15 +250,16 @@ class EpochLog(tf_keras.callbacks.Callback):
 
 
 def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None,
-               keras=tf_keras):
+               keras=tf_keras, checkpoints=Checkpoints):
     """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
     step clock and progress heartbeat, the epoch log, the saved models (save_to), and the checkpoints
     when there is a checkpoint directory (after them, so that a resumed attempt finds the epoch it
     resumes after logged and saved); then the user's. ``resume``: where this attempt starts
-    (checkpoints.resume_point); ``keras``: the Keras of the model (TensorBoard's). Returns (progress, epoch
-    log, saver, checkpoints, every callback)."""
+    (checkpoints.resume_point); ``keras``: the Keras of the model (TensorBoard's); ``checkpoints``: the
+    class of the checkpoints' callback. Returns (progress, epoch log, saver, checkpoints, every callback)."""
     is_chief = index == 0
-    progress = Progress(channel, resume["steps_done"] if resume else 0, steps_per_epoch)
+    # Keras 3 numbers a resumed epoch's steps from 0 (native_checkpoints.fit_plan), tf_keras from where it resumed
+    progress = Progress(channel, resume["steps_done"] if resume else 0, steps_per_epoch if keras is tf_keras else None)
     epoch_log = EpochLog(job.checkpoint_dir, is_chief)
     callbacks = [progress, epoch_log]
     saver = None
@@ -268,7 +270,7 @@ def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch
         callbacks.insert(0, evaluation.Validation(*validation, every=job.validation_freq))
     saves = None
     if job.checkpoint_dir:
-        saves = Checkpoints(job.checkpoint_dir, job.checkpoint_every, is_chief, index, resume, batch_rows,
+        saves = checkpoints(job.checkpoint_dir, job.checkpoint_every, is_chief, index, resume, batch_rows,
                             steps_per_epoch)
         callbacks.append(saves)
     if job.tensorboard_dir and is_chief:

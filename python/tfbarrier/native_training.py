@@ -15,6 +15,7 @@ tfbarrier's callbacks (progress, epoch log) are fit_training's, and the user's a
 Imported only in training processes.
 """
 
+import functools
 import os
 import sys
 import time
@@ -24,7 +25,9 @@ import numpy as np
 import tensorflow as tf
 
 from . import communication, exchange, fit_training, memory, optimizers, settings, shards
+from .checkpoints import resume_point, start_of
 from .errors import ModelError
+from .native_checkpoints import NativeCheckpoints, fit_plan
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
 
@@ -34,52 +37,75 @@ COMMUNICATION = {"implementation": "tfbarrier ring (authenticated)"}
 
 def train(job, config, channel):
     """Run ``job`` (a FitJob of a native model) with the task's ``config``: a ProcessReport."""
-    index, workdir = config["tf_config"]["task"]["index"], config["workdir"]
-    addresses = config["tf_config"]["cluster"]["worker"]
+    index, workdir, steps_per_epoch = config["tf_config"]["task"]["index"], config["workdir"], config["steps_per_epoch"]
     shard = shards.Shard.open(config["shard"], config["rows"])
     started = time.time()
-    try:
-        ring = exchange.Ring.join(index, addresses, job.secret.encode(), config["listener"],
-                                  timeout=(job.communication or {}).get("timeout_seconds") or job.stall_timeout
-                                  or settings.STALL_TIMEOUT)
-    finally:
-        config["listener"].close()  # the ring is made: from here on this process listens on no port
+    ring = _join(job, config, index)
     try:
         model, memory_mb, sent = _model(job, workdir, ring, config)
         input_shape = job.model.input_shape or (shard.width,)
         job.layout.check_input(input_shape, shard.width)
-        context = tf.distribute.InputContext(num_replicas_in_sync=len(addresses))
-        dataset = shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
-                                    job.shuffle_buffer, job.class_weight)(context)
+        context = tf.distribute.InputContext(num_replicas_in_sync=ring.size)
+        resume = resume_point(job.checkpoint_dir)
         timings = {"strategy_and_model": time.time() - started}
-        progress, epoch_log, saver, _, callbacks = fit_training._callbacks(
-            channel, job, workdir, index, steps_per_epoch=config["steps_per_epoch"], keras=keras)
+        progress, epoch_log, saver, saves, callbacks = fit_training._callbacks(
+            channel, job, workdir, index, resume=resume, batch_rows=job.batch_size // ring.size,
+            steps_per_epoch=steps_per_epoch, keras=keras, checkpoints=functools.partial(NativeCheckpoints, ring=ring))
         validation = fit_training._validation_data(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
             callbacks.insert(0, Validation(*validation, ring, every=job.validation_freq))
         started = time.time()
         try:
-            fit_training._fit(model, dataset, shard, input_shape, epochs=job.epochs,
-                              steps_per_epoch=config["steps_per_epoch"], callbacks=callbacks,
-                              shuffle=False)  # the dataset shuffles (Keras 3 warns of its default otherwise)
+            _fits(job, model, shard, (input_shape, context, index), resume, steps_per_epoch, callbacks, saves)
         finally:
             progress.stop_keeping_alive()
         timings["training"] = time.time() - started
     finally:
         ring.close()
-    if progress.first_step_at is not None:
+    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
         timings["first_step"] = progress.first_step_at - started
+    if saves is not None:
+        timings["checkpoints"] = saves.save_seconds
     started = time.time()
     files = _write_trained(model, workdir, index == 0)
     timings["trained_model_written"] = time.time() - started
     finished_at, (_, memory_mb["peak_mb"]) = time.time(), fit_training.resident_mb()
-    output = FitOutput(steps=progress.steps, checksum=write_weights(model.weights), first_step_at=progress.first_step_at,
-                       memory=memory_mb, steps_per_execution=int(model.steps_per_execution),
-                       communication=sent)
+    output = FitOutput(
+        steps=progress.steps, checksum=write_weights(model.weights), first_step_at=progress.first_step_at,
+        memory=memory_mb, steps_per_execution=int(model.steps_per_execution), communication=sent,
+        initial_epoch=epoch_log.initial_epoch or 0, checkpoint_saves=saves and saves.saves,
+        resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, steps_per_epoch)),
+                                   steps_done=resume["steps_done"]))
     if index == 0:
         fit_training._chiefs_output(output, job, epoch_log, saver)
     return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output,
                          files=files)
+
+
+def _join(job, config, index):
+    """This worker's place in the ring of the job's training processes, made on the port it listened on."""
+    try:
+        return exchange.Ring.join(index, config["tf_config"]["cluster"]["worker"], job.secret.encode(),
+                                  config["listener"], timeout=(job.communication or {}).get("timeout_seconds")
+                                  or job.stall_timeout or settings.STALL_TIMEOUT)
+    finally:
+        config["listener"].close()  # the ring is made: from here on this process listens on no port
+
+
+def _fits(job, model, shard, where, resume, steps_per_epoch, callbacks, saves):
+    """This attempt's Keras 3 fits (native_checkpoints.fit_plan), each on the shard's stream from the step it
+    starts at. ``where``: (the model's input shape, the input context, this worker's index)."""
+    input_shape, context, index = where
+    plan = fit_plan(resume, job.epochs, steps_per_epoch)
+    for number, (initial_epoch, epochs, steps, first_step) in enumerate(plan):
+        if saves is not None:
+            saves.begin_fit(steps_per_epoch - steps, last=number == len(plan) - 1)
+        dataset = shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
+                                    job.shuffle_buffer, job.class_weight,
+                                    skip_rows=first_step * (job.batch_size // context.num_replicas_in_sync))(context)
+        fit_training._fit(model, dataset, shard, input_shape, initial_epoch=initial_epoch, epochs=epochs,
+                          steps_per_epoch=steps, callbacks=callbacks,
+                          shuffle=False)  # the dataset shuffles (Keras 3 warns of its default otherwise)
 
 
 def _model(job, workdir, ring, config):
@@ -90,6 +116,8 @@ def _model(job, workdir, ring, config):
         keras.utils.set_random_seed(job.seed)
     tensorflow_mb, _ = fit_training.resident_mb()
     model = job.model.build(workdir)
+    if not model.optimizer.built:  # its slots now, for a checkpoint to restore into
+        model.optimizer.build(model.trainable_variables)
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
     if isinstance(job.steps_per_execution, int):
         model.steps_per_execution = job.steps_per_execution

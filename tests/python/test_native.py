@@ -135,7 +135,6 @@ def keras_flavor_of(model):
 
 
 @pytest.mark.parametrize("option, what, fix", [
-    ({"checkpoint_dir": "/tmp/tfbarrier-native-checkpoints"}, "checkpoint_dir", "FitResult.model"),
     ({"communication": {"implementation": "ring"}}, "implementation", "tfbarrier's ring"),
 ])
 def test_what_the_native_path_cannot_do_yet_is_refused_before_the_stage(spark, line_df, option, what, fix):
@@ -297,3 +296,26 @@ def test_a_kerashub_text_classifier_on_token_ids_trains_as_one_process_and_score
     scored = tfbarrier.predict(df, result.model, features="ids", output="raw").toPandas()
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), result.model.predict(ids, verbose=0),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_a_native_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninterrupted(spark, line_df, tmp_path):
+    from support import faults
+
+    def fit(**kwargs):
+        keras.utils.set_random_seed(11)
+        return tfbarrier.fit(line_df, gated_model(), features="x", label="y", epochs=3, batch_size=GLOBAL_BATCH,
+                             num_workers=2, seed=7, verbose=0, **kwargs)
+
+    uninterrupted = fit()
+    result = fit(checkpoint_dir=str(tmp_path), checkpoint_every=2, max_retries=1,
+                 callbacks=faults.kill_after_step(worker=1, epoch=1, step=4))
+    first, second = result.attempts
+    assert "killed by signal SIGKILL" in first["error"]
+    steps = uninterrupted.workers[0]["steps_per_epoch"]  # 6: 192 rows in batches of 32
+    assert second["resumed_at"] == {"epoch": 1, "step": 4, "steps_done": steps + 4}  # saved after step 3 (the 4th)
+    assert [w["steps"] for w in result.workers] == [2 * steps - 4] * 2  # the rest of epoch 1, then epoch 2
+    for name, values in uninterrupted.history.items():
+        np.testing.assert_allclose(result.history[name], values, rtol=1e-5, err_msg=name)
+    for trained, expected in zip(result.model.get_weights(), uninterrupted.model.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-5, atol=1e-6)
+    assert not (tmp_path / "state").exists()  # a finished fit leaves nothing to resume
