@@ -68,7 +68,23 @@ def _metric_variables(model):
     return [(f"{metric.name}/{i}", variable) for metric in model.metrics for i, variable in enumerate(metric.variables)]
 
 
-class Checkpoints(tf_keras.callbacks.Callback):
+class SaveSchedule:
+    """When a checkpoint callback saves within an epoch: every ``every_steps`` steps, or, with ``every`` in
+    seconds, every as many steps as that many seconds hold on the slowest worker (``_agreed_steps``,
+    decided at call CHECKPOINT_DECIDE_AT_CALL). Mixed into Checkpoints and native_checkpoints'."""
+
+    def _save_if_due(self, batch):
+        """After step ``batch`` (from 0) of the current epoch: save when a save is due there."""
+        seconds_mode = self.every and self.every[0] == "seconds"
+        if seconds_mode and self.every_steps is None and self._calls == CHECKPOINT_DECIDE_AT_CALL:
+            self.every_steps = self._agreed_steps(batch)
+        if self.every_steps and batch + 1 < self.steps_per_epoch:
+            done = self._epoch_now * self.steps_per_epoch + batch + 1
+            if done // self.every_steps > self._last_saved // self.every_steps:
+                self._save(self._epoch_now, batch, done)
+
+
+class Checkpoints(SaveSchedule, tf_keras.callbacks.Callback):
     """Saves and restores the training state (see the module). ``every``: ("steps", n), ("seconds", s)
     or None (epoch ends only); ``resume``: what ``resume_point`` returned; ``batch_rows``: rows a
     worker takes per step."""
@@ -119,13 +135,7 @@ class Checkpoints(tf_keras.callbacks.Callback):
         if self._pending_metrics is not None:  # the resumed epoch's first call: add the saved sums back
             self._add_metrics(self._pending_metrics)
             self._pending_metrics = None
-        seconds_mode = self.every and self.every[0] == "seconds"
-        if seconds_mode and self.every_steps is None and self._calls == CHECKPOINT_DECIDE_AT_CALL:
-            self.every_steps = self._agreed_steps(batch)
-        if self.every_steps and batch + 1 < self.steps_per_epoch:
-            done = self._epoch_now * self.steps_per_epoch + batch + 1
-            if done // self.every_steps > self._last_saved // self.every_steps:
-                self._save(self._epoch_now, batch, done)
+        self._save_if_due(batch)
 
     def on_epoch_end(self, epoch, logs=None):
         done = (epoch + 1) * self.steps_per_epoch

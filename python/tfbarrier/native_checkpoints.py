@@ -21,8 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import atomic
-from .checkpoints import MAX_KEPT, STATE_DIR, start_of
-from .settings import CHECKPOINT_DECIDE_AT_CALL
+from .checkpoints import MAX_KEPT, STATE_DIR, SaveSchedule, start_of
 
 
 def fit_plan(resume, epochs, steps_per_epoch):
@@ -45,7 +44,7 @@ def _metric_variables(model):
     return [(f"{metric.name}/{i}", variable) for metric in model.metrics for i, variable in enumerate(metric.variables)]
 
 
-class NativeCheckpoints(keras.callbacks.Callback):
+class NativeCheckpoints(SaveSchedule, keras.callbacks.Callback):
     """Saves and restores the training state (see the module); the arguments are checkpoints.Checkpoints'
     and the ``ring``. ``begin_fit`` says where each of the attempt's fits starts."""
 
@@ -89,13 +88,7 @@ class NativeCheckpoints(keras.callbacks.Callback):
                     if name in self._pending_metrics:
                         variable.assign(variable.numpy() + np.asarray(self._pending_metrics[name], variable.dtype))
             self._pending_metrics = None
-        if self.every and self.every[0] == "seconds" and self.every_steps is None \
-                and self._calls == CHECKPOINT_DECIDE_AT_CALL:
-            self.every_steps = self._agreed_steps(batch)
-        if self.every_steps and batch + 1 < self.steps_per_epoch:
-            done = self._epoch_now * self.steps_per_epoch + batch + 1
-            if done // self.every_steps > self._last_saved // self.every_steps:
-                self._save(self._epoch_now, batch, done)
+        self._save_if_due(batch)
 
     def on_epoch_end(self, epoch, logs=None):
         self._offset = 0
