@@ -92,9 +92,9 @@ def copy_of(model):
 
 
 @pytest.mark.parametrize("build, options", [
-    (gated_model, {}),
+    (gated_model, {"steps_per_execution": 3}),
     (subclassed_model, {"communication": {"bytes_per_pack": 600}}),  # the gradients in 2 packs: 512 + 64, 64 + 4 bytes
-], ids=["custom_layer_and_loss", "subclassed_in_packs"])
+], ids=["custom_layer_and_loss_3_steps_a_call", "subclassed_in_packs"])
 def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, options, tmp_path):
     keras.utils.set_random_seed(11)
     model = build()
@@ -113,6 +113,7 @@ def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, b
     communication = result.workers[0]["communication"]
     assert communication["implementation"].startswith("tfbarrier ring")
     assert communication["bytes_per_pack"] == options.get("communication", {}).get("bytes_per_pack", 16 * 2**20)
+    assert result.workers[0]["steps_per_execution"] == options.get("steps_per_execution", 1)
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]  # the replicas stayed equal
     for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
