@@ -23,6 +23,7 @@ import numpy as np
 from .errors import WorkerError
 
 NONCE_BYTES = 32
+LOST_PEER = "lost in the ring: "  # begins the message of every failure for want of a peer
 _HELLO = struct.Struct("!I")  # the connecting process's rank
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
 
@@ -172,7 +173,7 @@ class Ring:
 
     def _lost(self, rank, what):
         worker = rank % self.size
-        return WorkerError(f"worker {worker} {what}", worker=worker, retryable=True)
+        return WorkerError(f"{LOST_PEER}worker {worker} {what}", worker=worker, retryable=True)
 
     def all_reduce_sum(self, array):
         """The sum of every process's ``array`` (same shape and dtype everywhere), on every process."""

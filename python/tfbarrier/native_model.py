@@ -129,6 +129,9 @@ class NativeModel:
         if getattr(model, "optimizer", None) is None:
             raise ModelError("the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
                              "before fit()")
+        if not model.weights:
+            raise ModelError("the model has no weights yet (a subclassed model makes them when first called): "
+                             "call it once on a batch, e.g. model(x[:1]), or model.build(input_shape), before fit()")
         input_shape = input_shape_of(model)
         pickled = pickled_custom_objects(model)
         try:

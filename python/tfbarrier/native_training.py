@@ -15,7 +15,9 @@ tfbarrier's callbacks (progress, epoch log) are fit_training's, and the user's a
 Imported only in training processes.
 """
 
+import contextlib
 import functools
+import math
 import os
 import sys
 import time
@@ -26,7 +28,7 @@ import tensorflow as tf
 
 from . import communication, exchange, fit_training, memory, optimizers, settings, shards
 from .checkpoints import resume_point, start_of
-from .errors import ModelError
+from .errors import ModelError, WorkerError
 from .native_checkpoints import NativeCheckpoints, fit_plan
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
@@ -45,7 +47,8 @@ def train(job, config, channel):
         model, memory_mb, sent = _model(job, workdir, ring, config)
         input_shape = job.model.input_shape or (shard.width,)
         job.layout.check_input(input_shape, shard.width)
-        context = tf.distribute.InputContext(num_replicas_in_sync=ring.size)
+        context = tf.distribute.InputContext(num_input_pipelines=ring.size, input_pipeline_id=index,
+                                             num_replicas_in_sync=ring.size)
         resume = resume_point(job.checkpoint_dir)
         timings = {"strategy_and_model": time.time() - started}
         progress, epoch_log, saver, saves, callbacks = fit_training._callbacks(
@@ -54,6 +57,8 @@ def train(job, config, channel):
         validation = fit_training._validation_data(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
             callbacks.insert(0, Validation(*validation, ring, every=job.validation_freq))
+        # before validation: the moving statistics (BatchNormalization's) averaged; last: a stop agreed
+        callbacks = [AverageState(ring), *callbacks, StopTogether(ring)]
         started = time.time()
         try:
             _fits(job, model, shard, (input_shape, context, index), resume, steps_per_epoch, callbacks, saves)
@@ -97,15 +102,38 @@ def _fits(job, model, shard, where, resume, steps_per_epoch, callbacks, saves):
     starts at. ``where``: (the model's input shape, the input context, this worker's index)."""
     input_shape, context, index = where
     plan = fit_plan(resume, job.epochs, steps_per_epoch)
+    # Keras 3 runs whole calls: steps per call must divide every fit's epoch, or an epoch would run past its end
+    wanted = job.steps_per_execution if isinstance(job.steps_per_execution, int) else model.steps_per_execution
+    steps = math.gcd(*[fit[2] for fit in plan])
+    model.steps_per_execution = max(d for d in range(1, min(int(wanted), steps) + 1) if steps % d == 0)
     for number, (initial_epoch, epochs, steps, first_step) in enumerate(plan):
         if saves is not None:
             saves.begin_fit(steps_per_epoch - steps, last=number == len(plan) - 1)
         dataset = shards.dataset_fn(shard, input_shape, job.batch_size, job.data_seed + index, job.shuffle,
                                     job.shuffle_buffer, job.class_weight,
                                     skip_rows=first_step * (job.batch_size // context.num_replicas_in_sync))(context)
-        fit_training._fit(model, dataset, shard, input_shape, initial_epoch=initial_epoch, epochs=epochs,
-                          steps_per_epoch=steps, callbacks=callbacks,
-                          shuffle=False)  # the dataset shuffles (Keras 3 warns of its default otherwise)
+        with _ring_losses_are_lost_contact():
+            fit_training._fit(model, dataset, shard, input_shape, initial_epoch=initial_epoch, epochs=epochs,
+                              steps_per_epoch=steps, callbacks=callbacks,
+                              shuffle=False)  # the dataset shuffles (Keras 3 warns of its default otherwise)
+        if model.stop_training and number < len(plan) - 1:  # a callback stopped it in the resumed epoch
+            if saves is not None:
+                saves.begin_fit(0, last=True)
+                saves.on_train_end()
+            break
+
+
+@contextlib.contextmanager
+def _ring_losses_are_lost_contact():
+    """A peer lost in the ring (raised inside the compiled step, a TensorFlow error there) fails this process
+    as TensorFlow's own lost contact with a peer does: a consequence, which the driver traces to its cause
+    (faults.lost_contact)."""
+    try:
+        yield
+    except (WorkerError, tf.errors.UnknownError) as exc:
+        if exchange.LOST_PEER not in str(exc):
+            raise
+        raise tf.errors.UnavailableError(None, None, str(exc).split(exchange.LOST_PEER, 1)[1]) from exc
 
 
 def _model(job, workdir, ring, config):
@@ -119,8 +147,6 @@ def _model(job, workdir, ring, config):
     if not model.optimizer.built:  # its slots now, for a checkpoint to restore into
         model.optimizer.build(model.trainable_variables)
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
-    if isinstance(job.steps_per_execution, int):
-        model.steps_per_execution = job.steps_per_execution
     optimizers.fuse_keras3_updates(model.optimizer)
     sent = exchange_gradients(model.optimizer, ring, job.communication)
     sum_metrics(model, ring)
@@ -189,10 +215,10 @@ def _gathered_slices(grad, ring, after):
 
 def _packs(gradients, pack_bytes):
     """``gradients`` ((index, tensor) in order) in runs of at most ``pack_bytes`` of float32 (a larger one alone)."""
-    packs, size = [], pack_bytes
+    packs, size = [], 0
     for index, grad in gradients:
         grad_bytes = 4 * grad.shape.num_elements()
-        if size + grad_bytes > pack_bytes:
+        if not packs or size + grad_bytes > pack_bytes:
             packs.append([])
             size = 0
         packs[-1].append((index, grad))
@@ -212,10 +238,11 @@ def sum_metrics(model, ring):
     model._get_metrics_result_or_logs = global_results
 
 
-def _sum_variables(variables, ring):
+def _sum_variables(variables, ring, mean=False):
     """Replace each Keras variable that aggregates by sum (every metric's state) by its sum across
-    ``ring``, one that aggregates by mean by its mean: one exchange for them all."""
-    variables = [v for v in variables if getattr(v, "aggregation", "sum") in ("sum", "mean")]
+    ``ring``, one that aggregates by mean (or every one, with ``mean``) by its mean: one exchange for them all."""
+    if not mean:
+        variables = [v for v in variables if getattr(v, "aggregation", "sum") in ("sum", "mean")]
     if ring.size == 1 or not variables:
         return
     values = [np.asarray(v.numpy(), np.float64) for v in variables]
@@ -224,9 +251,43 @@ def _sum_variables(variables, ring):
     for variable, value in zip(variables, values):
         summed = total[at:at + value.size].reshape(value.shape)
         at += value.size
-        if variable.aggregation == "mean":
+        if mean or variable.aggregation == "mean":
             summed = summed / ring.size
         variable.assign(summed.astype(np.dtype(variable.dtype)))
+
+
+class AverageState(keras.callbacks.Callback):
+    """At each epoch's end, every worker's non-trainable float weights (BatchNormalization's moving mean
+    and variance, which each worker updates from its own rows) replaced by their mean across ``ring``: the
+    model validated, saved and returned is one model, as the translated path reads such weights averaged."""
+
+    def __init__(self, ring):
+        super().__init__()
+        self.ring = ring
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = [v for v in self.model.non_trainable_variables if "float" in str(v.dtype)]
+        if state:
+            _sum_variables(state, self.ring, mean=True)
+
+
+class StopTogether(keras.callbacks.Callback):
+    """Last of the callbacks: when any worker's callbacks stopped the training (TerminateOnNaN on its own
+    batch's loss, a time budget), every worker stops after the same call, so the ring stays in step."""
+
+    def __init__(self, ring):
+        super().__init__()
+        self.ring = ring
+
+    def _agree(self):
+        if self.ring.all_reduce_sum(np.array([float(bool(self.model.stop_training))]))[0]:
+            self.model.stop_training = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._agree()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._agree()
 
 
 def per_example_loss(model):

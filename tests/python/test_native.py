@@ -333,3 +333,22 @@ def test_a_spark_ml_pipeline_trains_and_scores_a_keras3_model_of_its_own_classes
     x = np.stack(scored["x"].to_numpy()).astype("float32")
     np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), trained.keras_model.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-6)
+
+
+class StopsWorkerOne(keras.callbacks.Callback):
+    """Stops worker 1 alone, after its third step (as TerminateOnNaN would on a NaN in its own batch's loss)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        import json
+        import os
+
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1 and batch == 2:
+            self.model.stop_training = True
+
+
+def test_a_stop_on_one_worker_stops_every_worker_after_the_same_step(spark, line_df):
+    result = tfbarrier.fit(line_df, gated_model(), features="x", label="y", epochs=3, batch_size=GLOBAL_BATCH,
+                           num_workers=2, verbose=0, timeout=240, callbacks=lambda: [StopsWorkerOne()])
+    assert [w["steps"] for w in result.workers] == [3, 3]
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+    assert len(result.history["loss"]) == 1 and result.stopped_epoch == 0
