@@ -57,27 +57,46 @@ def _keras_own(obj):
 
 
 def _compiled_objects(model):
-    """The loss and metrics ``model`` was compiled with: functions, classes and their instances."""
-    found, pending = [], [getattr(model, "loss", None),
-                          getattr(getattr(model, "_compile_metrics", None), "_user_metrics", None)]
+    """The loss, metrics and optimizer ``model`` was compiled with (and its learning rate's schedule):
+    functions, classes and their instances."""
+    metrics = getattr(model, "_compile_metrics", None)
+    optimizer = getattr(model, "optimizer", None)
+    found, pending = [], [getattr(model, "loss", None), getattr(metrics, "_user_metrics", None),
+                          getattr(metrics, "_user_weighted_metrics", None), optimizer,
+                          getattr(optimizer, "_learning_rate", None)]
     while pending:
         item = pending.pop()
         if isinstance(item, dict):
             pending.extend(item.values())
         elif isinstance(item, (list, tuple)):
             pending.extend(item)
-        elif callable(item) and not isinstance(item, str):
+        elif item is not None and not isinstance(item, (str, int, float)):
             found.append(item if isinstance(item, type) or hasattr(item, "__code__") else type(item))
     return found
 
 
-def custom_objects(model):
-    """{name the archive uses: object} for every class and function of the user's own that
-    ``model``'s archive names (its layers' and its own classes, its loss and metrics), and
-    everything registered with ``keras.saving.register_keras_serializable``."""
+def _registered_and_named(model):
+    """The objects registered with ``keras.saving.register_keras_serializable`` whose name ``model``'s
+    config or compile config uses (KerasHub registers hundreds: the executors need import only these)."""
+    import json
+
     import keras
 
-    objects = dict(keras.saving.get_custom_objects())
+    registered = keras.saving.get_custom_objects()
+    try:
+        text = model.to_json() + json.dumps(model.get_compile_config(), default=str)
+    except Exception:  # noqa: B902 - a config that does not serialise: ship them all
+        return dict(registered)
+    return {name: obj for name, obj in registered.items() if f'"{name}"' in text}
+
+
+def custom_objects(model):
+    """{name the archive uses: object} for every class and function of the user's own that
+    ``model``'s archive names (its layers' and its own classes, its loss, metrics and optimizer), and
+    those registered with ``keras.saving.register_keras_serializable`` that it names."""
+    import keras
+
+    objects = _registered_and_named(model)
     candidates = [type(layer) for layer in model._flatten_layers(include_self=True)] + _compiled_objects(model)
     for obj in candidates:
         if not _keras_own(obj):
