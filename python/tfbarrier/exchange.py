@@ -89,7 +89,13 @@ class Ring:
         acceptor = threading.Thread(target=cls._accept, args=(listener, secret, (rank - 1) % size, deadline, accepted),
                                     daemon=True)
         acceptor.start()
-        right = cls._connect(addresses[(rank + 1) % size], secret, rank, deadline)
+        try:
+            right = cls._connect(addresses[(rank + 1) % size], secret, rank, deadline)
+        except WorkerError:
+            acceptor.join(0.1)
+            if accepted.get("conn") is not None:  # the previous worker got in meanwhile: not left open
+                accepted["conn"].close()
+            raise
         acceptor.join(max(0.0, deadline - time.monotonic()))
         left = accepted.get("conn")
         if left is None:
