@@ -8,7 +8,9 @@
 #'   [tf_spark_session()]), a `pyspark` DataFrame, an R data.frame (converted with
 #'   [tf_spark_dataframe()] in the session of [tf_spark_connect()]), or a Parquet path.
 #' @param model A compiled Keras model built through reticulate or `keras3` (Keras 3 or tf_keras),
-#'   e.g. [tf_keras_cnn_example()].
+#'   e.g. [tf_keras_cnn_example()]. A Keras 3 model with layers of your own (a Python module loaded with
+#'   `reticulate::import_from_path()`), KerasHub's layers or a subclassed model trains natively in Keras 3
+#'   (README, "Which Keras runs where").
 #' @param features One array column (e.g. a flat image, reshaped to the model's input shape),
 #'   several numeric columns, one Spark ML vector column (dense or sparse, e.g. `ft_vector_assembler()`'s),
 #'   or one binary column of encoded images (the `content` of
