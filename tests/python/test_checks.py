@@ -121,21 +121,33 @@ def test_model_with_two_inputs_is_refused(small_df):
     a, b = keras.Input((32,)), keras.Input((32,))
     model = keras.Model([a, b], keras.layers.Dense(10)(keras.layers.Concatenate()([a, b])))
     model.compile(optimizer="adam", loss="mse")
-    with pytest.raises(ModelError, match="only models with one input tensor"):
+    with pytest.raises(ModelError, match="natively .* does not support models with several inputs yet"):
         fit(small_df, model)
 
 
-def test_model_with_a_custom_layer_points_to_a_model_function(small_df):
+def test_a_keras3_model_tf_keras_cannot_rebuild_takes_the_native_path_and_others_the_translated_one():
     import keras
+
+    from tfbarrier.native_model import spec_for_fit
+    from tfbarrier.transfer import JobFiles
 
     class Doubling(keras.layers.Layer):
         def call(self, x):
             return 2 * x
 
-    model = keras.Sequential([keras.Input((64,)), Doubling(), keras.layers.Dense(10)])
-    model.compile(optimizer="adam", loss="mse")
-    with pytest.raises(ModelError, match="pass a function that builds and compiles the model"):
-        fit(small_df, model)
+    def compiled(*layers):
+        model = keras.Sequential([keras.Input((64,)), *layers, keras.layers.Dense(10)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    with JobFiles() as files:
+        assert getattr(spec_for_fit(compiled(Doubling()), files), "native", False)
+        assert not getattr(spec_for_fit(compiled(), files), "native", False)
+        assert getattr(spec_for_fit(compiled(), files, "native"), "native", False)
+        with pytest.raises(ModelError, match="cannot be loaded by tf_keras"):
+            spec_for_fit(compiled(Doubling()), files, "translated")
+        with pytest.raises(InvalidArgumentError, match="keras3Training is 'fast': set it to one of auto, native"):
+            spec_for_fit(compiled(), files, "fast")
 
 
 def test_neither_model_nor_function_is_refused(small_df):
