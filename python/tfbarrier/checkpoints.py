@@ -63,7 +63,7 @@ def _on_read(variable):
     return getattr(variable, "synchronization", None) == tf.VariableSynchronization.ON_READ
 
 
-def _metric_variables(model):
+def metric_variables(model):
     """(name, variable) of every metric's state, in an order the same on every worker."""
     return [(f"{metric.name}/{i}", variable) for metric in model.metrics for i, variable in enumerate(metric.variables)]
 
@@ -150,7 +150,7 @@ class Checkpoints(SaveSchedule, tf_keras.callbacks.Callback):
     # ---- the parts ------------------------------------------------------------------------------------
     def _save(self, epoch, step, done):
         started = time.perf_counter()
-        metrics = {name: variable.read_value().numpy().tolist() for name, variable in _metric_variables(self.model)}
+        metrics = {name: variable.read_value().numpy().tolist() for name, variable in metric_variables(self.model)}
         self._epoch.assign(epoch)
         self._step.assign(step)
         if self.is_chief:
@@ -181,7 +181,7 @@ class Checkpoints(SaveSchedule, tf_keras.callbacks.Callback):
         workers' total (what was read across them), the others nothing. A metric variable that is not
         summed across workers is left as it is."""
         strategy = self.model.distribute_strategy
-        for name, variable in _metric_variables(self.model):
+        for name, variable in metric_variables(self.model):
             if name not in saved or not self.is_chief or variable.aggregation != tf.VariableAggregation.SUM:
                 continue
             for component in strategy.experimental_local_results(variable):

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import atomic
-from .checkpoints import MAX_KEPT, STATE_DIR, SaveSchedule, start_of
+from .checkpoints import MAX_KEPT, STATE_DIR, SaveSchedule, metric_variables, start_of
 
 
 def fit_plan(resume, epochs, steps_per_epoch):
@@ -37,11 +37,6 @@ def fit_plan(resume, epochs, steps_per_epoch):
     if epoch < epochs or not plan:  # no epoch left: a fit of none still ends the checkpoints' state
         plan.append((epoch, max(epoch, epochs), steps_per_epoch, epoch * steps_per_epoch))
     return plan
-
-
-def _metric_variables(model):
-    """(name, variable) of every metric's state, in the same order on every worker."""
-    return [(f"{metric.name}/{i}", variable) for metric in model.metrics for i, variable in enumerate(metric.variables)]
 
 
 class NativeCheckpoints(SaveSchedule, keras.callbacks.Callback):
@@ -84,7 +79,7 @@ class NativeCheckpoints(SaveSchedule, keras.callbacks.Callback):
         self._calls += 1
         if self._pending_metrics is not None:  # the resumed epoch's first step: the saved sums back (chief)
             if self.is_chief:
-                for name, variable in _metric_variables(self.model):
+                for name, variable in metric_variables(self.model):
                     if name in self._pending_metrics:
                         variable.assign(variable.numpy() + np.asarray(self._pending_metrics[name], variable.dtype))
             self._pending_metrics = None
@@ -101,7 +96,7 @@ class NativeCheckpoints(SaveSchedule, keras.callbacks.Callback):
 
     def _save(self, epoch, step, done):
         started = time.perf_counter()
-        variables = _metric_variables(self.model)
+        variables = metric_variables(self.model)
         values = [np.asarray(variable.numpy(), np.float64) for _, variable in variables]
         total = self.ring.all_reduce_sum(np.concatenate([v.reshape(-1) for v in values] or [np.zeros(0)]))
         metrics, at = {}, 0
