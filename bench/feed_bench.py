@@ -154,7 +154,7 @@ def main():
 
     from pyspark.sql import SparkSession
 
-    from tfbarrier import features
+    from tfbarrier import layouts
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "6g")
@@ -167,7 +167,7 @@ def main():
         path = os.path.join(workdir, "data.parquet")
         x, y = write_parquet(path, rows)
         df = spark.read.parquet(path).coalesce(1)
-        layout = features.layout(df.schema, "pixels", "label")
+        layout = layouts.layout(df.schema, "pixels", "label")
         contenders = {
             "tfbarrier shard (Spark partition -> Arrow file -> streamed)": shard_path(df, layout),
             "tfbarrier direct read (pyarrow in the task -> Arrow file -> streamed)": direct_path(spark, path, layout),

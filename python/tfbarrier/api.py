@@ -8,7 +8,7 @@ import time
 from . import checks, cluster, fit_job, gpus, memory, native_model, parquet_source, settings, stage, tracking, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
-from .features import layout as features_layout
+from .layouts import layout as features_layout
 from .fit_job import VALIDATION_COLUMN, FitJob
 from .job import ApplyJob, RunJob, pickle_user_code
 from .results import FitResult
@@ -286,9 +286,10 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     with transfer.JobFiles() as files:
         spark = data.sparkSession
-        spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"))
+        spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
+                                         named=layout.named)
         if getattr(spec, "native", False):
-            _native_options(communication)
+            _native_options(communication, class_weight if layout.outputs else None)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
@@ -303,11 +304,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         return _run_fit(frame, job, model, files, num_workers, staging, tracked)
 
 
-def _native_options(communication):
+def _native_options(communication, class_weight_of_outputs):
     """Refuse what a Keras 3 model that trains natively cannot have yet."""
     native_model.check_options(
         **{"communication['implementation']": ((communication or {}).get("implementation", "auto") != "auto",
-                                                 "leave it out: the gradients travel over tfbarrier's ring")})
+                                                 "leave it out: the gradients travel over tfbarrier's ring"),
+           "class_weight with a label per output": (class_weight_of_outputs, "give a sample_weight column instead")})
 
 
 def _run_fit(frame, job, model, files, num_workers, staging, tracked):

@@ -10,7 +10,7 @@ import os
 
 from .communication import COMPRESSIONS
 from .errors import ColumnError, InvalidArgumentError
-from .features import layout as features_layout
+from .layouts import layout as features_layout
 from .job import pickle_user_code
 
 

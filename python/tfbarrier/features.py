@@ -7,12 +7,13 @@ Each kind owns its whole path, so a new kind of feature column is one class here
 - ``aggregates`` and ``check_profile``: what the driver's one aggregate pass measures, and refuses;
 - ``x``: how a Spark Arrow batch becomes the shard's ``x`` (in the task) or the scored rows;
 - ``check_input``: whether rows fill the model's input, wherever the model's input shape is known;
-- ``stored``: how the shard holds ``x`` and how a training process (or predict's task) reads it back
-  (``FloatRows``, ``EncodedImages``: the process-side half of a layout, TensorFlow passed in).
+- ``y``: the label column, or a struct of one label column per model output (``label={output: column}``).
+
+How the shard holds x and y, and how a training process reads them back, is stored_forms.py's.
 
 The kinds: numeric columns (``NumericColumns``), one array column of numbers (``ArrayColumn``), one
 Spark ML vector column, dense or sparse (``VectorColumn``), one binary column of encoded images
-(``ImageColumn``).
+(``ImageColumn``), and one column per model input (``NamedInputs``: ``features={input: column}``).
 """
 
 import dataclasses
@@ -23,130 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import cluster
-from .errors import ColumnError, InvalidArgumentError, ModelError
+from .errors import ColumnError, ModelError
 
 IMAGE_CHANNELS = (1, 3, 4)
-
-
-# ---- how a shard holds x, and how a training process reads it back --------------------------------------
-
-class FloatRows:
-    """x as a fixed-size list of float32 per row: one flat feature vector, reshaped to the model's input."""
-
-    decoded = False  # rows reach the model as they are: none can fail to be read
-
-    @staticmethod
-    def matches(x_type):
-        return pa.types.is_fixed_size_list(x_type)
-
-    @staticmethod
-    def width(x_type):
-        """Feature values per row (checked as rows are written), or None when rows have no width."""
-        return x_type.list_size
-
-    @staticmethod
-    def to_numpy(column):
-        """A FixedSizeListArray of float32 as a (rows, width) NumPy array (no copy when possible)."""
-        return column.values.to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
-
-    @staticmethod
-    def bytes_of(column):
-        """The column's values as bytes, in order (for a shard's digest)."""
-        return [FloatRows.to_numpy(column).tobytes()]
-
-    @staticmethod
-    def model_x(x, input_shape):
-        return x.reshape((-1, *input_shape))
-
-    @staticmethod
-    def spec(tf, input_shape):
-        """The tf.data element spec of a batch of x, as ``model_x`` makes it."""
-        return tf.TensorSpec((None, *input_shape), tf.float32)
-
-    @staticmethod
-    def prepared(tf, ds, input_shape):
-        """A tf.data pipeline of (x, ...) rows, made ready for the model (nothing to do)."""
-        return ds
-
-    @staticmethod
-    def scoring_input(tf, rows, input_shape, batch_size):
-        """What predict's task hands the model for ``rows`` (``to_numpy``'s): the array, sliced later."""
-        return FloatRows.model_x(rows, input_shape)
-
-    @staticmethod
-    def padding(tf, count, input_shape):
-        """``count`` rows of x that pad a validation shard."""
-        return np.zeros((count, *input_shape), np.float32)
-
-    @staticmethod
-    def first_unreadable(rows, input_shape):
-        """(position, reason) of the first of ``rows`` the model cannot take, else None: every row of
-        numbers can be taken."""
-        return None
-
-
-class EncodedImages:
-    """x as one encoded image file per row, decoded (images.py) after the shuffle, in parallel."""
-
-    decoded = True  # a row that does not decode fails the pipeline: first_unreadable finds it
-
-    @staticmethod
-    def matches(x_type):
-        return pa.types.is_binary(x_type)
-
-    @staticmethod
-    def width(x_type):
-        return None
-
-    @staticmethod
-    def to_numpy(column):
-        return column.to_numpy(zero_copy_only=False)
-
-    @staticmethod
-    def bytes_of(column):
-        return column.to_pylist()
-
-    @staticmethod
-    def model_x(x, input_shape):
-        return x
-
-    @staticmethod
-    def spec(tf, input_shape):
-        return tf.TensorSpec((None,), tf.string)
-
-    @staticmethod
-    def prepared(tf, ds, input_shape):
-        from .images import decode_image
-
-        return ds.map(lambda x, *rest: (decode_image(x, input_shape), *rest), num_parallel_calls=tf.data.AUTOTUNE)
-
-    @staticmethod
-    def scoring_input(tf, rows, input_shape, batch_size):
-        """Batches of the images decoded in a parallel tf.data map."""
-        from .images import decode_image
-
-        return (tf.data.Dataset.from_tensor_slices(rows)
-                .map(lambda data: decode_image(data, input_shape), num_parallel_calls=tf.data.AUTOTUNE)
-                .batch(batch_size))
-
-    @staticmethod
-    def padding(tf, count, input_shape):
-        blank = tf.io.encode_png(tf.zeros((1, 1, input_shape[-1]), tf.uint8)).numpy()  # any image that decodes
-        return np.array([blank] * count, dtype=object)
-
-    @staticmethod
-    def first_unreadable(rows, input_shape):
-        from .images import undecodable_row
-
-        return undecodable_row(rows, input_shape)
-
-
-STORED_FORMS = (FloatRows, EncodedImages)
-
-
-def stored_form(x_type):
-    """How a shard whose x column has ``x_type`` holds its rows (one of STORED_FORMS)."""
-    return next(form for form in STORED_FORMS if form.matches(x_type))
 
 
 def check_width(width, input_shape):
@@ -175,18 +55,47 @@ def check_image_input(input_shape):
 
 @dataclasses.dataclass(frozen=True)
 class Features:
-    """The feature columns, the label (None when scoring) and the sample weights' column (or None)."""
+    """The feature columns, the label (None when scoring) and the sample weights' column (or None). With
+    ``outputs`` (output names), ``label`` is a tuple of columns, one per output; with ``inputs`` (input
+    names, NamedInputs), ``features`` holds one column per input."""
 
     features: tuple
-    label: str = None
+    label: object = None  # a column name, or a tuple of them (one per output)
     weight: str = None
+    inputs: tuple = None
+    outputs: tuple = None
     noun = "feature column", "arrays", "length"  # how messages name the column, its rows, their width
-    stored = FloatRows  # how the shard holds x
+
+    @property
+    def labels(self):
+        """The label columns (none when scoring)."""
+        return () if self.label is None else (self.label,) if isinstance(self.label, str) else tuple(self.label)
+
+    @property
+    def named(self):
+        """Several inputs or outputs, by name: only a Keras 3 model that trains natively takes them."""
+        return self.inputs is not None or self.outputs is not None
 
     @property
     def columns(self):
         """The training columns' names, as the projection names them."""
-        return [*self.features, *(name for name in (self.label, self.weight) if name is not None)]
+        return [*self.features, *self.labels, *([self.weight] if self.weight is not None else [])]
+
+    def y(self, batch):
+        """The batch's labels: the label column, or a struct of one per output."""
+        arrays = []
+        for name in self.labels:
+            array = batch.column(name)
+            if array.null_count:
+                raise ColumnError(f"label column {name!r} has null values: drop those rows first")
+            arrays.append(array)
+        return arrays[0] if self.outputs is None else pa.StructArray.from_arrays(arrays, list(self.outputs))
+
+    def empty_y_type(self):
+        """The type of ``y`` in a shard without rows."""
+        if self.outputs is None:
+            return pa.float32()
+        return pa.struct([(name, pa.float32()) for name in self.outputs])
 
     def feature_projection(self, spark):
         """The Spark columns that carry the features to Python (in ``spark``'s session)."""
@@ -298,8 +207,6 @@ class VectorColumn(ArrayColumn):
 class ImageColumn(Features):
     """One binary column of encoded image files (PNG, JPEG, GIF, BMP), decoded in the training process."""
 
-    stored = EncodedImages
-
     def check_input(self, input_shape, width=None):
         check_image_input(input_shape)
 
@@ -315,6 +222,94 @@ class ImageColumn(Features):
         return column.cast(pa.binary()) if pa.types.is_large_binary(column.type) else column
 
 
+@dataclasses.dataclass(frozen=True)
+class NamedInputs(Features):
+    """One column per model input (``features={input name: column}``, ``inputs`` the names): a numeric
+    column (one value a row), an array column of numbers or a Spark ML vector column (``arrays``, of one
+    length in every row; ``vectors`` among them). The shard's x is a struct of one field per input, and
+    integer columns and arrays of integers stay integers (stored_forms.IntRows, NamedRows)."""
+
+    arrays: tuple = ()
+    vectors: tuple = ()
+
+    def feature_projection(self, spark):
+        from pyspark.sql import functions as F
+
+        return [vector_to_array(spark, name).alias(name) if name in self.vectors else F.col(name)
+                for name in dict.fromkeys(self.features)]
+
+    def projection(self, spark):
+        from pyspark.sql import functions as F
+
+        rest = [name for name in dict.fromkeys(self.columns) if name not in self.features]
+        return [*self.feature_projection(spark), *(F.col(name) for name in rest)]
+
+    def aggregates(self):
+        from pyspark.sql import functions as F
+
+        found = []
+        for i, name in enumerate(self.arrays):
+            array = F.col(name)
+            found += [F.min(F.size(array)).alias(f"min_length_{i}"), F.max(F.size(array)).alias(f"max_length_{i}"),
+                      F.count_if(F.exists(array, lambda value: value.isNull())).alias(f"null_elements_{i}")]
+        return found
+
+    def check_profile(self, profile, input_shape):
+        widths = {}
+        for i, name in enumerate(self.arrays):
+            if profile[f"null_elements_{i}"]:
+                raise ColumnError(f"feature column {name!r} has {profile[f'null_elements_{i}']} array(s) with null "
+                                  "elements: impute them first")
+            _same_widths(name, profile[f"min_length_{i}"], profile[f"max_length_{i}"])
+            widths[name] = profile[f"min_length_{i}"]
+        self.check_input(input_shape, {name: widths.get(column, 1) for name, column in zip(self.inputs, self.features)})
+
+    def check_input(self, input_shape, width=None):
+        """Refuse a model whose inputs are not the ones named (``input_shape``: {name: shape}, one shape for
+        a model of one input, None when unknown) or that rows of ``width`` ({input: values a row}) cannot fill."""
+        if input_shape is None:
+            return
+        shapes = input_shape if isinstance(input_shape, dict) else (
+            {self.inputs[0]: input_shape} if len(self.inputs) == 1 else None)
+        if shapes is None or set(shapes) != set(self.inputs):
+            names = sorted(shapes) if shapes is not None else "one unnamed input"
+            raise ModelError(f"features= names the inputs {sorted(self.inputs)}, but the model's inputs are {names}: "
+                             "give one column per model input, keyed by the input's name (keras.Input(name=...))")
+        for name, column in zip(self.inputs, self.features):
+            if width is not None and width.get(name) is not None and None not in shapes[name]:
+                if width[name] != math.prod(shapes[name]):
+                    raise ModelError(f"feature column {column!r} has {width[name]} value(s) a row but the model's "
+                                     f"input {name!r} of shape {tuple(shapes[name])} needs {math.prod(shapes[name])}: "
+                                     "choose the matching column or change the model's input")
+
+    def empty_x_type(self):
+        return pa.struct([(name, pa.list_(pa.float32(), 1)) for name in self.inputs])
+
+    def x(self, batch):
+        """A struct of one FixedSizeListArray per input: int64 for integers, else float32."""
+        fields = []
+        for name in self.features:
+            column = batch.column(name)
+            if column.null_count:
+                raise ColumnError(f"feature column {name!r} has null values: drop or impute them first")
+            width = 1
+            if name in self.arrays:
+                lengths = pc.min_max(pc.list_value_length(column))
+                _same_widths(name, lengths["min"].as_py(), lengths["max"].as_py())
+                column, width = column.flatten(), lengths["min"].as_py() or 0
+                if column.null_count:
+                    raise ColumnError(f"feature column {name!r} has null values inside its arrays")
+            dtype = pa.int64() if pa.types.is_integer(column.type) else pa.float32()
+            fields.append(pa.FixedSizeListArray.from_arrays(pc.cast(column, dtype), width))
+        return pa.StructArray.from_arrays(fields, list(self.inputs))
+
+
+def _same_widths(name, shortest, longest):
+    if shortest != longest:
+        raise ColumnError(f"feature column {name!r} holds arrays of different lengths ({shortest} to {longest}); "
+                          "every row must have the same length (filter or pad first)")
+
+
 def vector_to_array(spark, name):
     """Spark ML's vector_to_array (float32) of column ``name`` for ``spark``'s kind of session (pyspark's
     own choice follows a process-wide flag that a Spark Connect session sets, even beside a classic one)."""
@@ -325,71 +320,3 @@ def vector_to_array(spark, name):
 
         convert = vector_to_array.__wrapped__  # the classic function under pyspark's Connect dispatch
     return convert(name, "float32")
-
-
-def _is_numeric(data_type):
-    from pyspark.sql.types import BooleanType, NumericType
-
-    return isinstance(data_type, NumericType) and not isinstance(data_type, BooleanType)
-
-
-def _is_vector(data_type):
-    from pyspark.sql.types import UserDefinedType
-
-    return isinstance(data_type, UserDefinedType) and type(data_type).__name__ == "VectorUDT"
-
-
-def layout(schema, features, label=None, scoring=False, weight=None):
-    """The layout of the training columns (``scoring``: the feature columns alone; ``weight``: a
-    column of sample weights), or a ColumnError naming the column and the fix."""
-    if isinstance(features, str):
-        features = [features]
-    if not features or not isinstance(features, (list, tuple)) or not all(isinstance(f, str) for f in features):
-        raise InvalidArgumentError("features must be a column name or a non-empty list of column names")
-    if not scoring and not isinstance(label, str):
-        raise InvalidArgumentError(f"label must be a column name, got {label!r}")
-    if weight is not None and not isinstance(weight, str):
-        raise InvalidArgumentError(f"sample_weight must be a column name, got {weight!r}")
-    types = {field.name: field.dataType for field in schema.fields}
-    for name in [*features] + ([] if scoring else [label]):
-        if name not in types:
-            raise ColumnError(f"column {name!r} is not in the DataFrame; its columns are {sorted(types)}")
-    if not scoring and not _is_numeric(types[label]):
-        raise ColumnError(
-            f"label column {label!r} has type {types[label].simpleString()}; it must be numeric "
-            "(class ids as integers, or a float target): cast or index it first"
-        )
-    if weight is not None and not _is_numeric(types.get(weight)):
-        raise ColumnError(f"sample_weight column {weight!r} must be a numeric column of the DataFrame"
-                          + ("" if weight not in types else f", not {types[weight].simpleString()}"))
-    return _kind(features, types)(features=tuple(features), label=None if scoring else label, weight=weight)
-
-
-def _kind(features, types):
-    from pyspark.sql.types import ArrayType, BinaryType, StructType
-
-    data_type = types[features[0]]
-    if len(features) == 1 and isinstance(data_type, StructType) \
-            and {"height", "width", "nChannels", "data"} <= set(data_type.names):
-        raise ColumnError(
-            f"feature column {features[0]!r} is a struct of Spark's image data source, which holds decoded "
-            "pixels in BGR order; read the files with spark.read.format(\"binaryFile\").load(path) instead "
-            "and pass its \"content\" column (the encoded images, decoded in the training processes)"
-        )
-    if len(features) == 1 and isinstance(data_type, BinaryType):
-        return ImageColumn
-    if len(features) == 1 and _is_vector(data_type):
-        return VectorColumn
-    if len(features) == 1 and isinstance(data_type, ArrayType):
-        if not _is_numeric(data_type.elementType):
-            raise ColumnError(f"feature column {features[0]!r} is an array of {data_type.elementType.simpleString()}; "
-                              "it must hold numbers")
-        return ArrayColumn
-    for name in features:
-        if not _is_numeric(types[name]):
-            raise ColumnError(
-                f"feature column {name!r} has type {types[name].simpleString()}; features must be numeric "
-                "columns, one array column of numbers, one Spark ML vector column, or one binary column of "
-                "encoded images"
-            )
-    return NumericColumns

@@ -148,7 +148,8 @@ def _validation_data(job, strategy, config, input_shape, training, context=None)
     if shard.rows:
         job.layout.check_input(input_shape, shard.width)
     else:  # this worker validates padding only, in the form of its training rows (an empty file has none)
-        shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype)
+        shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype,
+                                    stored=training.stored)
     steps = config["validation_steps"]
     make = shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps)
     return (make(context) if strategy is None else strategy.distribute_datasets_from_function(make)), steps

@@ -30,7 +30,8 @@ from . import atomic, checks, cluster, driver_link, native_model, transfer
 from .attach import is_attached
 from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
 from .features import check_width
-from .features import layout as features_layout
+from .stored_forms import stored_form
+from .layouts import layout as features_layout
 from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
 from .results import FitResult
 from .settings import MODEL_LOAD_LOG_ENV
@@ -270,12 +271,13 @@ def _raw_outputs(model, x, batch_size):
 
 def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
     """Raw outputs for one Arrow record batch of the feature columns, read by ``layout`` as a training
-    process reads its shard (``layout.stored``). A row the model cannot take (an image that does not
+    process reads its shard (stored_forms.py). A row the model cannot take (an image that does not
     decode) fails the Spark task with a ColumnError naming its row in the partition (``offset``: rows
     before this batch); the driver sees it in the failed job's Python traceback."""
     import tensorflow as tf
 
-    x, stored = layout.x(batch), layout.stored
+    x = layout.x(batch)
+    stored = stored_form(x.type)
     layout.check_input(input_shape, stored.width(x.type) if len(x) else None)
     rows = stored.to_numpy(x)
     try:

@@ -28,14 +28,19 @@ NOT_YET = "for a Keras 3 model that trains natively (custom layers, subclassed m
           "support {what} yet: {fix}"
 
 
-def spec_for_fit(model, files, path="auto"):
+def spec_for_fit(model, files, path="auto", named=False):
     """The spec of the model ``fit`` got, its files added to ``files``: a NativeModel for a Keras 3
-    model object that trains natively, else a ModelSpec checked to rebuild in tf_keras."""
+    model object that trains natively (always, with inputs or outputs ``named`` by features= or label=),
+    else a ModelSpec checked to rebuild in tf_keras."""
     path = str(path).strip().lower()
     if path not in PATHS:
         raise InvalidArgumentError(f"spark.tfbarrier.keras3Training is {path!r}: set it to one of {', '.join(PATHS)}")
+    if named and (keras_flavor(model) != "keras3" or path == "translated"):
+        raise ModelError("features= or label= as a dict (one column per model input or output) needs a Keras 3 "
+                         "model that trains natively: build it with keras (Keras 3), and leave "
+                         "spark.tfbarrier.keras3Training at auto")
     if keras_flavor(model) == "keras3" and path != "translated":
-        if path == "native" or ModelSpec.untranslatable(model) is not None:
+        if path == "native" or named or ModelSpec.untranslatable(model) is not None:
             return NativeModel.from_model(model, files)
         return ModelSpec.from_model(model, files)  # untranslatable() checked it
     spec = ModelSpec.from_model(model, files)
@@ -116,8 +121,14 @@ def pickled_custom_objects(model):
 
 
 def input_shape_of(model):
-    """The per-sample shape of the model's one input; None when unknown (a subclassed model not yet
-    called). ModelError for several inputs."""
+    """The per-sample shape of the model's input, or {input name: shape} for a model of several inputs
+    (keras.Input's names); None when unknown (a subclassed model not yet called, or called on a dict)."""
+    try:
+        inputs = list(model.inputs)
+    except (AttributeError, ValueError, TypeError):  # a subclassed model has no symbolic inputs
+        inputs = []
+    if len(inputs) > 1:
+        return {tensor.name: tuple(tensor.shape[1:]) for tensor in inputs}
     try:
         shape = model.input_shape
     except (AttributeError, ValueError):  # a subclassed model has no symbolic input: the shape it was built for
@@ -126,7 +137,7 @@ def input_shape_of(model):
     if shape is None:
         return None
     if not isinstance(shape, tuple) or (shape and isinstance(shape[0], (tuple, list))):
-        raise ModelError(NOT_YET.format(what="models with several inputs", fix="give the model one input tensor"))
+        return None
     return tuple(shape[1:])
 
 

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from . import communication, exchange, fit_training, memory, optimizers, settings, shards
 from .checkpoints import resume_point, start_of
-from .errors import ModelError, WorkerError
+from .errors import WorkerError
 from .native_checkpoints import NativeCheckpoints, fit_plan
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
@@ -45,7 +45,8 @@ def train(job, config, channel):
     ring = _join(job, config, index)
     try:
         model, memory_mb, sent = _model(job, workdir, ring, config)
-        input_shape = job.model.input_shape or (shard.width,)
+        # unknown (a subclassed model): the rows' width, or each named input's (stored_forms.NamedRows)
+        input_shape = job.model.input_shape or (None if isinstance(shard.width, dict) else (shard.width,))
         job.layout.check_input(input_shape, shard.width)
         context = tf.distribute.InputContext(num_input_pipelines=ring.size, input_pipeline_id=index,
                                              num_replicas_in_sync=ring.size)
@@ -290,21 +291,6 @@ class StopTogether(keras.callbacks.Callback):
         self._agree()
 
 
-def per_example_loss(model):
-    """The model's compiled loss, unreduced: one value per example."""
-    loss = model.loss
-    if isinstance(loss, (dict, list, tuple)):
-        raise ModelError("validation needs a model compiled with one loss, not one per output")
-    loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        return type(loss).from_config({**loss.get_config(), "reduction": None})
-    # A loss given by name or as a function: wrapped as compile() wraps it, which also matches the
-    # label's and the prediction's shapes. Keras exports no such wrapper.
-    from keras.src.losses.losses import LossFunctionWrapper
-
-    return LossFunctionWrapper(loss, reduction=None)
-
-
 class Validation(keras.callbacks.Callback):
     """``val_loss`` and ``val_<metric>`` in every ``every``-th epoch's logs, from ``steps`` steps over
     ``dataset`` ((x, y, present, sample weight) batches, present 0 for padding rows), summed across
@@ -316,17 +302,20 @@ class Validation(keras.callbacks.Callback):
         self.dataset, self.steps, self.ring, self.every = dataset, steps, ring, every
 
     def on_train_begin(self, logs=None):
-        model, loss = self.model, per_example_loss(self.model)
+        model = self.model
 
         @tf.function
         def step(x, y, present, weight):
             predicted = model(x, training=False)
             real = present > 0  # the compiled metrics= ignore sample weights: the padding rows are left out
             if model._compile_metrics is not None:
-                model._compile_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real),
-                                                    tf.boolean_mask(weight, real))
-            losses = tf.cast(loss(y, predicted), tf.float32) * weight * present
-            return tf.reduce_sum(losses), tf.reduce_sum(present)
+                kept = functools.partial(tf.nest.map_structure, lambda t: tf.boolean_mask(t, real))
+                model._compile_metrics.update_state(kept(y), kept(predicted), kept(weight))
+            # Keras's compiled loss (each output's, times its loss weight) is a sum over the batch's rows, their
+            # weights applied, divided by the rows: times the rows, the sum, which padding rows (weight 0) leave
+            rows = tf.cast(tf.shape(present)[0], tf.float32)
+            total = tf.cast(model._compile_loss(y, predicted, sample_weight=weight * present), tf.float32) * rows
+            return total, tf.reduce_sum(present)
 
         self._step = step
 
@@ -334,14 +323,19 @@ class Validation(keras.callbacks.Callback):
         if logs is None or (epoch + 1) % self.every:
             return
         metrics = self.model._compile_metrics
-        if metrics is not None:
-            metrics.reset_state()
+        # each output's loss (a model of several): Keras's Means of the batches' losses, padding rows counted
+        per_output = self.model._compile_loss.metrics if self.model._compile_loss is not None else []
+        for metric in [metrics, *per_output]:
+            if metric is not None:
+                metric.reset_state()
         total = np.zeros(2)
         for batch in self.dataset.take(self.steps):
             total += [float(value) for value in self._step(*batch)]
-        total = self.ring.all_reduce_sum(total)
+        total = self.ring.all_reduce_sum(np.array([*total, *(float(each.total) for each in per_output)]))
         regularization = float(sum(float(loss) for loss in self.model.losses))
         logs["val_loss"] = total[0] / total[1] + regularization
+        # their sums (the rows' losses times the rows of each batch) over the rows that are not padding
+        logs.update({f"val_{each.name}": value / total[1] for each, value in zip(per_output, total[2:])})
         if metrics is not None:  # read across workers: every worker sums them in this order
             _sum_variables(metrics.variables, self.ring)
             logs.update({f"val_{name}": float(value) for name, value in metrics.result().items()})

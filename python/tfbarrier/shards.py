@@ -2,9 +2,10 @@
 
 The task streams its partition batch by batch into an Arrow IPC file with two columns, ``x`` and
 ``y`` (the label), in record batches of at most ``RECORD_BATCH_BYTES``, so memory in the task stays
-bounded by one Spark batch. ``x`` is held as the layout stores it (features.STORED_FORMS: a fixed-size
-list of float32, one flat feature vector per row; or, for encoded images, the image file's bytes), and
-read back the same way: nothing here depends on which.
+bounded by one Spark batch. ``x`` is held as the layout stores it (stored_forms.STORED_FORMS: a fixed-size
+list of float32 or int64, one flat feature vector per row; for encoded images, the image file's bytes;
+a struct of those, one per model input), ``y`` as a label column or a struct of one per model output,
+and read back the same way: nothing here depends on which.
 
 The training process streams that file into tf.data one record batch at a time and never holds the
 whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
@@ -21,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import ColumnError
-from .features import stored_form
+from .stored_forms import label_bytes, label_dtype, label_spec, label_zeros, labels_to_numpy, rows_of, stored_form, take
 
 RECORD_BATCH_BYTES = 4 * 2**20  # a shard's record batches: the unit the reader reads and reorders
 SHUFFLE_BUFFER_ROWS = 10_000  # the default shuffle buffer, in rows...
@@ -31,9 +32,7 @@ PREFETCH_BATCHES = 2  # batches a worker's pipeline prepares ahead of its steps
 
 def _training_batch(batch, layout):
     """One Spark batch as the shard's (x, y) batch, or (x, y, w) with sample weights."""
-    label = batch.column(layout.label)
-    if label.null_count:
-        raise ColumnError(f"label column {layout.label!r} has null values: drop those rows first")
+    label = layout.y(batch)
     x = layout.x(batch)
     if layout.weight is None:
         return pa.RecordBatch.from_arrays([x, label], ["x", "y"])
@@ -56,7 +55,7 @@ def _digest(digest, batch):
     for value in stored_form(x.type).bytes_of(x):
         digest.update(value)
     for column in batch.columns[1:]:
-        digest.update(column.to_numpy(zero_copy_only=False).tobytes())
+        digest.update(label_bytes(column))
 
 
 class _ShardFile:
@@ -72,8 +71,9 @@ class _ShardFile:
         if not len(batch):
             return
         for piece in _bounded([_training_batch(batch, self.layout)]):
-            width = self.layout.stored.width(piece.schema.field("x").type)
-            if width is not None:
+            x_type = piece.schema.field("x").type
+            width = stored_form(x_type).width(x_type)
+            if isinstance(width, int):  # NamedRows' {input: width}: NamedInputs.x checked each
                 self.widths.add(width)
                 self.layout.check_widths(min(self.widths), max(self.widths))
             _digest(self.digest, piece)
@@ -85,7 +85,7 @@ class _ShardFile:
     def close(self):
         """(rows, checksum); a shard without rows is still a (row-less) file."""
         if self.writer is None:
-            fields = [("x", self.layout.empty_x_type()), ("y", pa.float32())] + ([("w", pa.float32())] if self.layout.weight else [])
+            fields = [("x", self.layout.empty_x_type()), ("y", self.layout.empty_y_type())] + ([("w", pa.float32())] if self.layout.weight else [])
             self.writer = pa.ipc.new_file(self.path, pa.schema(fields))
         self.writer.close()
         return self.rows, self.digest.hexdigest()
@@ -135,11 +135,6 @@ def read_partition(path, schema):
         return pa.ipc.open_file(source).read_all().to_pandas()
 
 
-def _label_dtype(arrow_type):
-    dtype = np.dtype(arrow_type.to_pandas_dtype())
-    return np.dtype(np.float32) if dtype == np.float64 else dtype
-
-
 @dataclasses.dataclass(frozen=True)
 class Shard:
     """A shard file, described from its footer without reading its rows."""
@@ -148,10 +143,10 @@ class Shard:
     rows: int
     record_batches: int
     width: int  # feature values per row; None for rows without one (encoded images)
-    label_dtype: np.dtype
+    label_dtype: object  # a NumPy dtype, or {output name: dtype}
     bytes_per_row: float
     weighted: bool = False  # rows carry a sample weight (w)
-    stored: object = None  # how x is held (features.STORED_FORMS)
+    stored: object = None  # how x is held (stored_forms.STORED_FORMS)
 
     @classmethod
     def open(cls, path, rows):
@@ -162,7 +157,7 @@ class Shard:
             stored = stored_form(x_type)
             return cls(path=path, rows=rows, record_batches=reader.num_record_batches,
                        width=stored.width(x_type), stored=stored,
-                       label_dtype=_label_dtype(reader.schema.field("y").type),
+                       label_dtype=label_dtype(reader.schema.field("y").type),
                        bytes_per_row=os.path.getsize(path) / max(1, rows),
                        weighted="w" in reader.schema.names)
 
@@ -175,7 +170,7 @@ class Shard:
                 batch = reader.get_batch(int(i))
                 x = batch.column(0)
                 x = self.stored.to_numpy(x)
-                y = batch.column(1).to_numpy(zero_copy_only=False).astype(self.label_dtype, copy=False)
+                y = labels_to_numpy(batch.column(1), self.label_dtype)
                 yield (x, y, batch.column(2).to_numpy(zero_copy_only=False)) if self.weighted else (x, y)
 
     def one_pass(self, shuffle, seed, pass_number):
@@ -188,8 +183,8 @@ class Shard:
         rng = np.random.default_rng(None if seed is None else [seed, int(pass_number)])
         for arrays in self.batches(rng.permutation(self.record_batches)):
             if self.record_batches == 1:
-                rows = rng.permutation(len(arrays[1]))
-                arrays = tuple(a[rows] for a in arrays)
+                rows = rng.permutation(rows_of(arrays[0]))
+                arrays = tuple(take(a, rows) for a in arrays)
             yield arrays
 
     def first_unreadable(self, input_shape):
@@ -202,7 +197,7 @@ class Shard:
             found = self.stored.first_unreadable(x, input_shape)
             if found is not None:
                 return offset + found[0], found[1]
-            offset += len(x)
+            offset += rows_of(x)
         return None
 
     def shuffle_buffer(self, requested, batch):
@@ -217,8 +212,7 @@ def _signature(shard, input_shape, floats):
     import tensorflow as tf
 
     x_spec = shard.stored.spec(tf, input_shape)
-    y_spec = tf.TensorSpec((None,), tf.as_dtype(shard.label_dtype))
-    return (x_spec, y_spec, *[tf.TensorSpec((None,), tf.float32)] * floats)
+    return (x_spec, label_spec(tf, shard.label_dtype), *[tf.TensorSpec((None,), tf.float32)] * floats)
 
 
 def _batched(ds, shard, input_shape, batch, then=None):
@@ -263,7 +257,6 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
     same for the same ``seed``: ``skip_rows`` starts it where a resumed fit left it (checkpoints.py)."""
     import tensorflow as tf
 
-    input_shape = tuple(input_shape)
     signature = _signature(shard, input_shape, floats=int(shard.weighted))
 
     def one_pass_batches(pass_number):
@@ -300,7 +293,6 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
     steps (rendezvous.validation_steps), so that every worker runs the same steps whatever its rows."""
     import tensorflow as tf
 
-    input_shape = tuple(input_shape)
     signature = _signature(shard, input_shape, floats=2)  # present, weight
 
     def make(input_context):
@@ -309,12 +301,12 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
         padding = steps * local_replicas * batch - shard.rows
         def rows():
             for x, y, *weight in shard.batches(range(shard.record_batches)):
-                ones = np.ones(len(y), np.float32)
+                ones = np.ones(rows_of(x), np.float32)
                 yield shard.stored.model_x(x, input_shape), y, ones, weight[0] if weight else ones
             if padding:
                 x = shard.stored.padding(tf, padding, input_shape)
                 zeros = np.zeros(padding, np.float32)
-                yield x, np.zeros(padding, shard.label_dtype), zeros, zeros
+                yield x, label_zeros(padding, shard.label_dtype), zeros, zeros
 
         return _batched(tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch(), shard,
                         input_shape, batch)

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tfbarrier
-from tfbarrier import features, parquet_source
+from tfbarrier import layouts, parquet_source
 from tfbarrier.errors import ColumnError
 
 WIDTH = 64
@@ -29,7 +29,7 @@ def write_files(directory, sizes, row_group=40, with_null=False):
 
 
 def source_of(df, num_workers=2):
-    layout = features.layout(df.schema, "pixels", "label")
+    layout = layouts.layout(df.schema, "pixels", "label")
     frame = df.select(*layout.columns)
     return parquet_source.plan(frame, frame.rdd.getNumPartitions(), layout, num_workers), layout
 

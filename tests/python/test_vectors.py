@@ -11,7 +11,7 @@ from pyspark.ml.linalg import SparseVector, Vectors, VectorUDT
 from pyspark.sql.types import ArrayType, DoubleType, LongType, StructField, StructType
 
 import tfbarrier
-from tfbarrier import features, parquet_source
+from tfbarrier import features, layouts, parquet_source
 from tfbarrier.errors import ColumnError
 from tfbarrier.inference import predict_local
 
@@ -114,7 +114,7 @@ def test_a_parquet_file_of_vectors_trains_through_spark(spark, digits_vectors, t
     """Spark ML writes a vector as a struct the direct Parquet read does not decode: Spark streams it."""
     digits_vectors.write.parquet(str(tmp_path / "vectors"))
     df = spark.read.parquet(str(tmp_path / "vectors"))
-    layout = features.layout(df.schema, "vector", "digit")
+    layout = layouts.layout(df.schema, "vector", "digit")
     assert isinstance(layout, features.VectorColumn)
     frame = df.select(*layout.projection(spark))
     assert parquet_source.plan(frame, frame.rdd.getNumPartitions(), layout, 2) is None
