@@ -134,3 +134,31 @@ def test_several_inputs_are_refused_where_they_cannot_work(spark, trained):
     legacy.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ModelError, match="needs a Keras 3 model that trains natively"):
         tfbarrier.fit(df, legacy, features={"input": "numbers"}, label="target", num_workers=2)
+
+
+def test_a_keras_hub_backbone_with_a_classifier_head_trains_and_predicts_from_columns(spark):
+    """A BERT backbone of one small layer, from a config (nothing downloaded), under KerasHub's classifier
+    head: three inputs (token ids, segment ids, padding mask), each an integer array column."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(7)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=8)
+    model = keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(3, 9, 64)
+    mask = (np.arange(8) < lengths[:, None]).astype("int64")
+    ids = rng.integers(1, 30, (64, 8)) * mask
+    frame = pd.DataFrame({"ids": list(ids), "segments": list(np.zeros_like(ids)), "mask": list(mask),
+                          "label": (ids[:, 0] > 15).astype("int64")})
+    df = spark.createDataFrame(frame).repartition(2)
+    features = {"token_ids": "ids", "segment_ids": "segments", "padding_mask": "mask"}
+    result = tfbarrier.fit(df, model, features=features, label="label", epochs=2, batch_size=16, num_workers=2,
+                           verbose=0)
+    assert type(result.model) is type(model) and len(result.history["loss"]) == 2
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
+    scored = tfbarrier.predict(df, result, features=features, output="probabilities").toPandas()
+    logits = result.model.predict({"token_ids": np.stack(scored["ids"]), "segment_ids": np.stack(scored["segments"]),
+                                   "padding_mask": np.stack(scored["mask"])}, verbose=0)
+    expected = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)  # the head outputs logits
+    np.testing.assert_allclose(np.stack(scored["prediction"]), expected, rtol=1e-4, atol=1e-6)
