@@ -7,6 +7,7 @@ as_int <- function(x) {
 }
 
 as_column_names <- function(names) {
+  if (!is.null(names(names))) return(as.list(names))  # c(input = "column"): a dict, one column per model input
   if (length(names) == 1) names else as.list(names)
 }
 

@@ -15,8 +15,11 @@
 #'   several numeric columns, one Spark ML vector column (dense or sparse, e.g. `ft_vector_assembler()`'s),
 #'   or one binary column of encoded images (the `content` of
 #'   `tf_spark_dataframe(spark, dir, format = "binaryFile")`), decoded in the training processes and
-#'   resized to the model's `(height, width, channels)` input as values in 0-255.
-#' @param label A numeric column.
+#'   resized to the model's `(height, width, channels)` input as values in 0-255. For a Keras 3 model of
+#'   several inputs, one column per input, named by the input's name:
+#'   `c(token_ids = "ids", padding_mask = "mask")`; integer columns reach the model as integers.
+#' @param label A numeric column; for a Keras 3 model of several outputs, one per output, named by the
+#'   output's name: `c(cls = "kind", reg = "target")`.
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
 #' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held
@@ -60,7 +63,7 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
   sdf <- as_spark_dataframe(sdf, spark)
   if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
   result <- tf_call(core$fit(
-    sdf, model, features = as_column_names(features), label = label, epochs = as_int(epochs),
+    sdf, model, features = as_column_names(features), label = as_column_names(label), epochs = as_int(epochs),
     batch_size = as_int(batch_size), num_workers = as_int(num_workers), validation_data = validation_data, ...
   ))
   new_fit(result, features)

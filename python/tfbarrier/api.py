@@ -156,13 +156,15 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     model : Keras model or callable
         A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
         that builds and compiles one with ``tf.keras`` (use this for custom layers).
-    features : str or list of str
+    features : str, list of str or dict
         One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, or
         one binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s
         ``content``), decoded in the training processes and resized to the model's (height, width,
-        channels) input as float32 in 0-255, like ``keras.utils.image_dataset_from_directory``.
-    label : str
-        A numeric column.
+        channels) input as float32 in 0-255, like ``keras.utils.image_dataset_from_directory``. For a
+        Keras 3 model of several inputs, {input name: column}: each a numeric column, an array column of
+        numbers or a Spark ML vector; integers stay integers (int64).
+    label : str or dict
+        A numeric column; for a Keras 3 model of several outputs, {output name: column}.
     epochs, batch_size : int
         As in Keras; ``batch_size`` is the global batch, split evenly across workers.
     num_workers : int

@@ -111,14 +111,17 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
     if output == "features":
         model = feature_extractor(model, layer)
-    input_shape = tuple(model.input_shape[1:])
+    input_shape = _input_shape(model)
     transform = _output_transform(model, output)
     batch = _local_batch(data)
     if batch is None:
+        if isinstance(input_shape, dict):
+            raise InvalidArgumentError("a model of several inputs scores a DataFrame (or a dict of columns) with "
+                                       "features={input name: column}, not an array")
         x = np.asarray(data, dtype=np.float32)
         x = x.reshape(len(x), -1)
         check_width(x.shape[1], input_shape)
-        raw = _raw_outputs(model, x.reshape((-1, *input_shape)), batch_size)
+        raw = _raw_outputs(model, x if input_shape is None else x.reshape((-1, *input_shape)), batch_size)
     else:
         from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -126,6 +129,19 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
                                  scoring=True)
         raw = _batch_outputs(model, layout, batch, input_shape, batch_size, 0)
     return _outputs(raw, output, transform)
+
+
+def _input_shape(model):
+    """The model's per-sample input shape ({input name: shape} for a Keras 3 model of several); a model
+    of several outputs is refused."""
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) > 1:
+        names = ", ".join(repr(getattr(getattr(t, "_keras_history", None), "operation", t).name) for t in outputs)
+        raise ModelError(f"the model has several outputs ({names}), and predict scores one: pass the model of the "
+                         "output you want, e.g. keras.Model(model.inputs, model.get_layer(\"<output>\").output)")
+    if keras_flavor(model) == "keras3":
+        return native_model.input_shape_of(model)
+    return tuple(model.input_shape[1:])
 
 
 def _local_batch(data):
@@ -371,7 +387,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     if output == "features":
         model = feature_extractor(model, layer)
     layout = features_layout(data.schema, features, scoring=True)
-    input_shape = native_model.input_shape_of(model) if flavor == "keras3" else tuple(model.input_shape[1:])
+    input_shape = _input_shape(model)
     layout.check_input(input_shape)  # predict stays lazy: array lengths are checked batch by batch in the tasks
     transform = _output_transform(model, output)
     cluster.check_executor_python(data.sparkSession)

@@ -130,6 +130,8 @@ def test_several_inputs_are_refused_where_they_cannot_work(spark, trained):
         tfbarrier.fit(df, model, features=FEATURES, label=LABELS, class_weight={0: 1.0, 1: 2.0}, num_workers=2)
     with pytest.raises(InvalidArgumentError, match="features as a dict must map each model input's name to a column"):
         tfbarrier.fit(df, model, features={"ids": ["token_ids"]}, label=LABELS, num_workers=2)
+    with pytest.raises(ModelError, match="several outputs \\('cls', 'reg'\\).*model.get_layer"):
+        tfbarrier.predict(df, trained["result"], features=FEATURES)
     legacy = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
     legacy.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ModelError, match="needs a Keras 3 model that trains natively"):

@@ -257,3 +257,25 @@ test_that("spark_tf_fit trains a KerasHub text classifier on token ids, and it p
   expect_length(predicted, 50)
   expect_true(all(predicted %in% c(0L, 1L)))
 })
+
+test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs from named columns", {
+  skip_if_no_tfbarrier()
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  set.seed(3)
+  data <- data.frame(kind = rep(0:1, 32), scale = runif(64))
+  data$ids <- matrix(sample.int(20L, 64 * 4, replace = TRUE) - 1L, nrow = 64)
+  data$target <- data$scale * 2
+  keras$utils$set_random_seed(4L)
+  ids <- keras$Input(shape = list(4L), name = "ids", dtype = "int32")
+  scale <- keras$Input(shape = list(1L), name = "scale")
+  hidden <- keras$layers$Concatenate()(list(keras$layers$Flatten()(keras$layers$Embedding(20L, 3L)(ids)), scale))
+  model <- keras$Model(list(ids, scale), list(keras$layers$Dense(2L, activation = "softmax", name = "cls")(hidden),
+                                               keras$layers$Dense(1L, name = "reg")(hidden)))
+  model$compile(optimizer = "adam", loss = list(cls = "sparse_categorical_crossentropy", reg = "mse"))
+  fit <- spark_tf_fit(data, model, features = c(ids = "ids", scale = "scale"),
+                      label = c(cls = "kind", reg = "target"), epochs = 2, batch_size = 16, num_workers = 2,
+                      spark = test_spark())
+  expect_equal(nrow(fit$history), 2)
+  expect_true(all(c("cls_loss", "reg_loss") %in% names(fit$history)))
+  expect_length(unique(fit$workers$checksum), 1)
+})
