@@ -75,7 +75,8 @@ spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 
 #'   (converted as in [spark_tf_fit()]).
 #' @param fit A `tfbarrier_fit` or a Keras model.
 #' @param features As in [spark_tf_fit()]; by default the features of `fit`.
-#' @param output_col Name of the prediction column.
+#' @param output_col Name of the prediction column. For a Keras 3 model of several outputs, a column
+#'   `<output_col>_<output name>` each, or a named vector of the outputs to score: `c(cls = "kind_hat")`.
 #' @param output `"class"` (class id), `"probabilities"`, `"raw"` model outputs, or `"features"`: the
 #'   output of `layer`, flattened (the model as a feature extractor, for transfer learning).
 #' @param layer With `output = "features"`: a layer's name, or its position in the model's layers
@@ -108,7 +109,8 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
   }
   tbl <- sdf
   sdf <- as_spark_dataframe(sdf, spark)
-  scored <- tf_call(core$predict(sdf, model, features = as_column_names(features), output_col = output_col,
+  scored <- tf_call(core$predict(sdf, model, features = as_column_names(features),
+                                 output_col = as_column_names(output_col),
                                  output = output, batch_size = as_int(batch_size), layer = layer))
   if (inherits(tbl, "tbl_spark")) scored <- back_to_sparklyr(scored, tbl)
   scored

@@ -138,7 +138,8 @@ print.summary.tfbarrier_fit <- function(x, ...) {
 #' @param type `"class"` (integer class ids, as in the label), `"probabilities"` or `"raw"` (matrices).
 #' @param batch_size Rows per forward pass.
 #' @param ... Unused.
-#' @return An integer vector (`"class"`) or a numeric matrix, one row per row of `newdata`.
+#' @return An integer vector (`"class"`) or a numeric matrix, one row per row of `newdata`; for a Keras 3
+#'   model of several outputs, a list of these named by the outputs.
 #' @section Errors: As in [spark_tf_fit()]: a missing feature column is a `"ColumnError"`, rows that do
 #'   not fill the model's input a `"ModelError"`, a bad argument an `"InvalidArgumentError"`, each followed
 #'   by `"TfBarrierError"` and `"tfbarrier_error"`.
@@ -153,7 +154,8 @@ predict.tfbarrier_fit <- function(object, newdata, type = c("class", "probabilit
   out <- tf_call(core$predict_local(object$model, local_data(newdata, object$features),
                                     features = as_column_names(object$features), output = type,
                                     batch_size = as_int(batch_size)))
-  if (type == "class") as.integer(out) else as.matrix(out)
+  shaped <- function(scores) if (type == "class") as.integer(scores) else as.matrix(scores)
+  if (is.list(out)) lapply(out, shaped) else shaped(out)  # a model of several outputs: a list, one each
 }
 
 # newdata as the core's predict_local() takes it: a matrix or array as float32; a data.frame's feature

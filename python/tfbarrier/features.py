@@ -29,8 +29,18 @@ from .errors import ColumnError, ModelError
 IMAGE_CHANNELS = (1, 3, 4)
 
 
+def single_input(input_shape):
+    """``input_shape``; a ModelError when it is several inputs' ({name: shape}), which take a column each."""
+    if isinstance(input_shape, dict):
+        names = ", ".join(f'"{name}": "<column>"' for name in input_shape)
+        raise ModelError(f"the model has {len(input_shape)} inputs: give features= one column for each, by the "
+                         f"input's name ({{{names}}}; name them with keras.Input(name=...))")
+    return input_shape
+
+
 def check_width(width, input_shape):
     """Refuse rows of ``width`` values that do not fill the model's per-sample ``input_shape``."""
+    input_shape = single_input(input_shape)
     if width is None or input_shape is None or None in input_shape:
         return
     needed = math.prod(input_shape)
@@ -43,7 +53,7 @@ def check_width(width, input_shape):
 
 def check_image_input(input_shape):
     """Refuse a model that cannot take decoded images: its input must be (height, width, channels)."""
-    if input_shape is None:
+    if single_input(input_shape) is None:
         return
     shape = tuple(input_shape)
     if len(shape) != 3 or None in shape or shape[2] not in IMAGE_CHANNELS:
@@ -197,7 +207,7 @@ class VectorColumn(ArrayColumn):
         return [vector_to_array(spark, name).alias(name)]
 
     def check_input(self, input_shape, width=None):
-        if width is None or input_shape is None or None in input_shape or width == math.prod(input_shape):
+        if width is None or single_input(input_shape) is None or None in input_shape or width == math.prod(input_shape):
             return
         raise ColumnError(f"vector column {self.features[0]!r} has vectors of size {width}, but the model takes "
                           f"{math.prod(input_shape)} values per row (input shape {tuple(input_shape)}): assemble "

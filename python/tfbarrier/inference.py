@@ -1,45 +1,27 @@
 """Distributed inference: score a Spark DataFrame with a Keras model, where the data lives.
 
-The model travels as its config and a weights file (model_spec.py) that the driver serves for as
-long as it runs (transfer.session_server): each executor host fetches the file once into its
-temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
-worker rebuilds the model once (cached across batches and tasks), then scores each Arrow batch in
-slices of ``batch_size`` rows. Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``,
-or it cannot listen on its address), Spark encrypts its traffic (the link does not), or the session is
-attached to another program's JVM (attach.py: that program computes the predictions, maybe while this
-process runs no Python, or after it is gone), the weights go in a Spark broadcast. The scoring function is an iterator Arrow UDF: only the feature columns go to
-Python and only the prediction comes back (``mapInArrow`` would ship every input column both ways).
-TensorFlow is imported on the executors only inside the scoring function.
-
-Test hook: when ``TFBARRIER_MODEL_LOAD_LOG`` (settings.MODEL_LOAD_LOG_ENV) names a file in an
-executor's environment, every model load appends a line ``<pid> <model id>`` to it.
+The model reaches the executors as scoring_models.py ships it, and each Spark Python worker rebuilds it
+once (cached across batches and tasks), then scores each Arrow batch in slices of ``batch_size`` rows.
+The scoring function is an iterator Arrow UDF: only the feature columns go to Python and only the
+prediction comes back (``mapInArrow`` would ship every input column both ways). TensorFlow is imported on
+the executors only inside the scoring function.
 """
 
-import collections
-import contextlib
-import hashlib
-import os
-import tempfile
 from typing import Iterator
 
-import cloudpickle
 import numpy as np
 import pyarrow as pa
 
-from . import atomic, checks, cluster, driver_link, native_model, transfer
-from .attach import is_attached
-from .errors import ClusterError, ColumnError, InvalidArgumentError, ModelError
+from . import checks, cluster, native_model
+from .errors import ColumnError, InvalidArgumentError, ModelError
 from .features import check_width
-from .stored_forms import stored_form
 from .layouts import layout as features_layout
-from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
+from .model_spec import keras_flavor, keras_module
 from .results import FitResult
-from .settings import MODEL_LOAD_LOG_ENV
+from .scoring_models import load, scoring_model
+from .stored_forms import stored_form
 
 OUTPUTS = ("class", "probabilities", "raw", "features")
-_CACHE_SIZE = 2  # models kept per Python worker
-MODELS_KEPT = 4  # weights files kept per executor host
-_models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
 
 
 def _last_activation(model):
@@ -112,7 +94,8 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
     if output == "features":
         model = feature_extractor(model, layer)
     input_shape = _input_shape(model)
-    transform = _output_transform(model, output)
+    names = output_names(model)
+    heads = [(i, _output_transform(head_model(model, i), output)) for i in range(len(names or [None]))]
     batch = _local_batch(data)
     if batch is None:
         if isinstance(input_shape, dict):
@@ -128,17 +111,27 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
         layout = features_layout(from_arrow_schema(batch.schema), batch.schema.names if features is None else features,
                                  scoring=True)
         raw = _batch_outputs(model, layout, batch, input_shape, batch_size, 0)
-    return _outputs(raw, output, transform)
+    scored = [_outputs(raw[i], output, transform) for i, transform in heads]
+    return scored[0] if names is None else dict(zip(names, scored))
+
+
+def output_names(model):
+    """The names of the model's outputs (its output layers'), when it has several; else None."""
+    outputs = getattr(model, "outputs", None) or []
+    if len(outputs) < 2:
+        return None
+    return list(getattr(model, "output_names", None) or [f"output_{i}" for i in range(len(outputs))])
+
+
+def head_model(model, index):
+    """The model of its output ``index`` alone (for its last activation); the model itself when it has one."""
+    if output_names(model) is None:
+        return model
+    return keras_module(keras_flavor(model)).Model(model.inputs, model.outputs[index])
 
 
 def _input_shape(model):
-    """The model's per-sample input shape ({input name: shape} for a Keras 3 model of several); a model
-    of several outputs is refused."""
-    outputs = getattr(model, "outputs", None) or []
-    if len(outputs) > 1:
-        names = ", ".join(repr(getattr(getattr(t, "_keras_history", None), "operation", t).name) for t in outputs)
-        raise ModelError(f"the model has several outputs ({names}), and predict scores one: pass the model of the "
-                         "output you want, e.g. keras.Model(model.inputs, model.get_layer(\"<output>\").output)")
+    """The model's per-sample input shape ({input name: shape} for a Keras 3 model of several)."""
     if keras_flavor(model) == "keras3":
         return native_model.input_shape_of(model)
     return tuple(model.input_shape[1:])
@@ -181,108 +174,20 @@ def feature_extractor(model, layer):
     return keras_module(keras_flavor(model)).Model(inputs, chosen.output, name=f"{model.name}_{chosen.name}")
 
 
-def _scoring_model(spark, model):
-    """What executors rebuild ``model`` from: its flavor, JSON config and weights, the weights served by
-    the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
-    broadcast; and an id naming that model."""
-    flavor, config = keras_flavor(model), model.to_json()
-    # The weights' digest names their file: the session's server writes a content it serves already only once.
-    name = f"{write_weights(model.weights)[:32]}-scoring.safetensors"
-
-    def write(path):
-        write_weights(model.weights, path)
-
-    source = None
-    if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark) and not is_attached(spark):
-        try:
-            files, server = transfer.session_server(cluster.driver_host(spark))
-            source = {"endpoint": server.endpoint, "payload": files.add_file(name, write)}
-        except OSError:
-            source = None
-    if source is None:
-        with transfer.JobFiles() as scratch:
-            payload = scratch.inline(scratch.add(name, write))
-        source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": transfer.Payload(name, payload.size)}
-    model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
-    # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
-    objects = native_model.pickled_custom_objects(model) if flavor == "keras3" else None
-    return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, **source}
-
-
-def _weights_file(scoring):
-    """This host's copy of the scoring model's weights, fetched from the driver the first time."""
-    directory = os.path.join(tempfile.gettempdir(), f"tfbarrier-models-{os.getuid()}")
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, scoring["payload"].name)
-    if os.path.exists(path):
-        os.utime(path)
-        return path
-    if "broadcast" in scoring:
-        with atomic.written_aside(path) as f:
-            f.write(scoring["broadcast"].value)
-    else:
-        endpoint = scoring["endpoint"]
-        try:
-            driver_link.fetch(endpoint, scoring["payload"].name, path)
-        except OSError as exc:
-            raise ClusterError(
-                f"this executor could not fetch the model from the driver at {endpoint['host']}:{endpoint['port']} "
-                f"({type(exc).__name__}: {exc}): executors must reach the driver on that port, or set "
-                "spark.tfbarrier.driverLink=false to send models through Spark") from None
-    prune_models(directory, MODELS_KEPT)
-    return path
-
-
-def prune_models(directory, kept):
-    """Delete all but the ``kept`` most recently used weights files in ``directory``. The host's other
-    Python workers may prune at the same moment: a file they deleted first is not an error."""
-    used = {}
-    for entry in os.scandir(directory):
-        if ".part-" not in entry.name:
-            with contextlib.suppress(FileNotFoundError):
-                used[entry.path] = entry.stat().st_mtime
-    for old in sorted(used, key=used.get, reverse=True)[kept:]:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(old)
-
-
-def _load(scoring):
-    model_id = scoring["id"]
-    if model_id not in _models:
-        import tensorflow as tf
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        if context is not None and not _models:  # first TensorFlow use in this Python worker
-            try:
-                tf.config.threading.set_intra_op_parallelism_threads(context.cpus())
-            except RuntimeError:
-                pass  # TensorFlow already initialised by earlier code in this worker
-        keras = keras_module(scoring["flavor"])
-        objects = cloudpickle.loads(scoring["objects"]) if scoring.get("objects") else {}
-        with keras.saving.custom_object_scope(objects) if objects else contextlib.nullcontext():
-            model = keras.models.model_from_json(scoring["config"])
-        read_weights(_weights_file(scoring), model.weights, lambda variable: [tf_variable(variable)])
-        _models[model_id] = model
-        while len(_models) > _CACHE_SIZE:
-            _models.popitem(last=False)
-        log = os.environ.get(MODEL_LOAD_LOG_ENV)
-        if log:
-            with open(log, "a") as f:
-                f.write(f"{os.getpid()} {model_id}\n")
-    _models.move_to_end(model_id)
-    return _models[model_id]
-
-
 def _raw_outputs(model, x, batch_size):
-    """The model's raw outputs for the rows of ``x`` (an array, or a tf.data pipeline of batches) as
-    a (rows, units) float32 array."""
+    """The model's raw outputs for the rows of ``x`` (an array, or a tf.data pipeline of batches): a
+    (rows, units) float32 array per model output, in the order of its outputs."""
     slices = (x[i:i + batch_size] for i in range(0, len(x), batch_size)) if isinstance(x, np.ndarray) else x
-    chunks = [np.asarray(model.predict_on_batch(chunk)) for chunk in slices]
+    names = output_names(model)
+    chunks = []
+    for chunk in slices:
+        predicted = model.predict_on_batch(chunk)
+        if isinstance(predicted, dict):
+            predicted = [predicted[name] for name in names]
+        chunks.append([np.asarray(each) for each in (predicted if names else [predicted])])
     if not chunks:
-        return np.zeros((0, 1), np.float32)
-    raw = np.concatenate(chunks)
-    return raw.reshape(len(raw), -1).astype(np.float32)
+        return [np.zeros((0, 1), np.float32)] * len(names or [None])
+    return [np.concatenate(parts).reshape(sum(len(p) for p in parts), -1).astype(np.float32) for parts in zip(*chunks)]
 
 
 def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
@@ -306,26 +211,48 @@ def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
                           "filter out the broken images first") from None
 
 
-def _scorer(scoring, layout, input_shape, output, transform, batch_size):
+def _column(values, output):
+    """Scores as an Arrow array: class ids (int64), else a list of float32 per row."""
+    if output == "class":
+        return pa.array(values.astype(np.int64))
+    flat = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1).astype(np.float32)), values.shape[1])
+    return flat.cast(pa.list_(pa.float32()))
+
+
+def _scorer(scoring, layout, input_shape, output, heads, batch_size):
     """A function of one partition's Arrow record batches of the feature columns to its predictions, one
-    Arrow array per batch."""
+    Arrow array per batch. ``heads``: {column: (the model output's index, its transform)}; with several, a
+    struct array of one field per column."""
 
     def score(batches):
         model = None
         offset = 0  # rows of this partition scored so far
         for batch in batches:
             if model is None:
-                model = _load(scoring)
+                model = load(scoring)
             raw = _batch_outputs(model, layout, batch, input_shape, batch_size, offset)
             offset += len(batch)
-            values = _outputs(raw, output, transform)
-            if output == "class":
-                yield pa.array(values.astype(np.int64))
-            else:
-                flat = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), raw.shape[1])
-                yield flat.cast(pa.list_(pa.float32()))
+            columns = [_column(_outputs(raw[i], output, transform), output) for i, transform in heads.values()]
+            yield columns[0] if len(heads) == 1 else pa.StructArray.from_arrays(columns, list(heads))
 
     return score
+
+
+def _heads(model, output_col, output, taken):
+    """{new column: (the model output's index, its transform)}: ``output_col`` for a model of one output; for
+    a model of several, ``output_col``'s dict {output name: column}, or a column "<output_col>_<name>" each."""
+    names = output_names(model)
+    if names is None or isinstance(output_col, str):
+        columns = {output_col: 0} if names is None else {f"{output_col}_{name}": i for i, name in enumerate(names)}
+    elif isinstance(output_col, dict) and output_col and set(output_col) <= set(names):
+        columns = {column: names.index(name) for name, column in output_col.items()}
+    else:
+        raise InvalidArgumentError(f"output_col must be a column name, or a dict of the model's outputs {names} to "
+                                   f"new column names; got {output_col!r}")
+    for column in columns:
+        if not isinstance(column, str) or column in taken:
+            raise ColumnError(f"output_col {column!r} must be a new column name; the DataFrame has {taken}")
+    return {column: (i, _output_transform(head_model(model, i), output)) for column, i in columns.items()}
 
 
 def _scoring_udf(score, return_type):
@@ -345,7 +272,10 @@ def _scoring_udf(score, return_type):
 
     def pandas_scores(frames: Iterator[pd.DataFrame]) -> Iterator[pd.Series]:
         for scores in score(pa.RecordBatch.from_pandas(frame, preserve_index=False) for frame in frames):
-            yield scores.to_pandas()
+            if pa.types.is_struct(scores.type):  # a struct's pandas form is a DataFrame of its fields
+                yield pa.RecordBatch.from_struct_array(scores).to_pandas()
+            else:
+                yield scores.to_pandas()
 
     return pandas_udf(pandas_scores, return_type)
 
@@ -358,10 +288,12 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     ----------
     data : pyspark.sql.DataFrame
     model : Keras model (Keras 3 or tf_keras) or FitResult
-    features : str or list of str
-        As in ``fit``: one array column, numeric columns, or one binary column of encoded images.
-    output_col : str
-        Name of the new column.
+    features : str, list of str or dict
+        As in ``fit``: one array column, numeric columns, one binary column of encoded images, or
+        {input name: column} for a Keras 3 model of several inputs.
+    output_col : str or dict
+        Name of the new column. For a model of several outputs, a column per output, named
+        "<output_col>_<output name>"; or {output name: column} for the outputs named, in those columns.
     batch_size : int
         Rows per forward pass.
     output : "class", "probabilities", "raw" or "features"
@@ -379,8 +311,6 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     batch_size = checks.positive_int("batch_size", batch_size)
     if output not in OUTPUTS:
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
-    if not isinstance(output_col, str) or output_col in data.columns:
-        raise ColumnError(f"output_col {output_col!r} must be a new column name; the DataFrame has {data.columns}")
     flavor = keras_flavor(model)
     if flavor is None:
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
@@ -389,10 +319,17 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     layout = features_layout(data.schema, features, scoring=True)
     input_shape = _input_shape(model)
     layout.check_input(input_shape)  # predict stays lazy: array lengths are checked batch by batch in the tasks
-    transform = _output_transform(model, output)
+    heads = _heads(model, output_col, output, data.columns)
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F
 
-    score = _scorer(_scoring_model(data.sparkSession, model), layout, input_shape, output, transform, batch_size)
-    udf = _scoring_udf(score, "long" if output == "class" else "array<float>")
-    return data.withColumn(output_col, udf(F.struct(*layout.feature_projection(data.sparkSession))))
+    score = _scorer(scoring_model(data.sparkSession, model), layout, input_shape, output, heads, batch_size)
+    kind = "long" if output == "class" else "array<float>"
+    udf = _scoring_udf(score, kind if len(heads) == 1 else ", ".join(f"`{c}`: {kind}" for c in heads).join(("struct<", ">")))
+    features_struct = F.struct(*layout.feature_projection(data.sparkSession))
+    if len(heads) == 1:
+        return data.withColumn(next(iter(heads)), udf(features_struct))
+    # nondeterministic: Spark then computes the struct once, not once per column taken from it
+    struct = "__tfbarrier_scores"
+    scored = data.withColumn(struct, udf.asNondeterministic()(features_struct))
+    return scored.withColumns({column: F.col(struct)[column] for column in heads}).drop(struct)

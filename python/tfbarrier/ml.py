@@ -37,6 +37,14 @@ ARCHIVE = "model.keras"  # the Keras model, beside Spark ML's metadata in a save
 HISTORY = "history.json"  # its training history
 
 
+def _names(value):
+    """A Param's {model input or output name: column}, or None."""
+    if value is not None and not (isinstance(value, dict) and value
+                                  and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())):
+        raise TypeError(f"expected a dict of model input or output names to column names, got {value!r}")
+    return None if value is None else dict(value)
+
+
 class _ScoringParams(HasFeaturesCol, HasPredictionCol):
     output = Param(Params._dummy(), "output", "what the prediction column holds: 'class' (the class id, a double "
                    "as in Spark ML's classifiers), "
@@ -44,10 +52,17 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol):
                    typeConverter=TypeConverters.toString)
     predictBatchSize = Param(Params._dummy(), "predictBatchSize", "rows per forward pass when transforming",
                              typeConverter=TypeConverters.toInt)
+    featuresCols = Param(Params._dummy(), "featuresCols", "{model input name: column}, one column per input of a "
+                         "Keras 3 model of several inputs (then featuresCol is not used)", typeConverter=_names)
 
     def __init__(self):
         super().__init__()
         self._setDefault(featuresCol="features", predictionCol="prediction", output="class", predictBatchSize=1024)
+
+    def _features(self):
+        """tfbarrier's features=: featuresCols when set, else featuresCol."""
+        named = self.getOrDefault(self.featuresCols) if self.isSet(self.featuresCols) else None
+        return named or self.getFeaturesCol()
 
 
 class KerasEstimator(Estimator, _ScoringParams, HasLabelCol, HasSeed, HasWeightCol):
@@ -69,13 +84,16 @@ class KerasEstimator(Estimator, _ScoringParams, HasLabelCol, HasSeed, HasWeightC
                     typeConverter=TypeConverters.toBoolean)
     verbose = Param(Params._dummy(), "verbose", "0 silent, 1 a progress bar, 2 also the workers' lines",
                     typeConverter=TypeConverters.toInt)
+    labelCols = Param(Params._dummy(), "labelCols", "{model output name: column}, one label column per output of a "
+                      "Keras 3 model of several outputs (then labelCol is not used)", typeConverter=_names)
     fitArgs = Param(Params._dummy(), "fitArgs", "a dict of further tfbarrier.fit arguments (callbacks, "
                     "checkpoint_dir, class_weight, communication...)")
 
     @keyword_only
     def __init__(self, *, model=None, featuresCol="features", labelCol="label", predictionCol="prediction",
                  output="class", predictBatchSize=1024, epochs=1, batchSize=32, numWorkers=2, stepsPerEpoch=None,
-                 validationSplit=None, shuffle=True, seed=None, weightCol=None, verbose=1, fitArgs=None):
+                 validationSplit=None, shuffle=True, seed=None, weightCol=None, verbose=1, fitArgs=None,
+                 featuresCols=None, labelCols=None):
         super().__init__()
         self._setDefault(labelCol="label", epochs=1, batchSize=32, numWorkers=2, shuffle=True, verbose=1)
         self.setParams(**self._input_kwargs)
@@ -83,7 +101,8 @@ class KerasEstimator(Estimator, _ScoringParams, HasLabelCol, HasSeed, HasWeightC
     @keyword_only
     def setParams(self, *, model=None, featuresCol="features", labelCol="label", predictionCol="prediction",
                   output="class", predictBatchSize=1024, epochs=1, batchSize=32, numWorkers=2, stepsPerEpoch=None,
-                  validationSplit=None, shuffle=True, seed=None, weightCol=None, verbose=1, fitArgs=None):
+                  validationSplit=None, shuffle=True, seed=None, weightCol=None, verbose=1, fitArgs=None,
+                  featuresCols=None, labelCols=None):
         """Set the params given by name (pyspark.ml's keyword-only convention)."""
         return self._set(**self._input_kwargs)
 
@@ -96,7 +115,8 @@ class KerasEstimator(Estimator, _ScoringParams, HasLabelCol, HasSeed, HasWeightC
                     "seed": self.seed, "sample_weight": self.weightCol}
         arguments = dict(self.getOrDefault(self.fitArgs) if self.isDefined(self.fitArgs) else {})
         arguments.update({name: self.getOrDefault(param) for name, param in optional.items() if self.isSet(param)})
-        arguments.update(features=self.getFeaturesCol(), label=self.getLabelCol(),
+        labels = self.getOrDefault(self.labelCols) if self.isSet(self.labelCols) else None
+        arguments.update(features=self._features(), label=labels or self.getLabelCol(),
                          epochs=self.getOrDefault(self.epochs), batch_size=self.getOrDefault(self.batchSize),
                          num_workers=self.getOrDefault(self.numWorkers), shuffle=self.getOrDefault(self.shuffle),
                          verbose=self.getOrDefault(self.verbose))
@@ -153,10 +173,13 @@ class KerasModel(Model, _ScoringParams, MLWritable, MLReadable):
 
     def _transform(self, dataset):
         output, column = self.getOrDefault(self.output), self.getPredictionCol()
-        scored = tfbarrier_predict(dataset, self.keras_model, features=self.getFeaturesCol(), output_col=column,
+        scored = tfbarrier_predict(dataset, self.keras_model, features=self._features(), output_col=column,
                                    output=output, batch_size=self.getOrDefault(self.predictBatchSize))
-        # Spark ML's classifiers and evaluators take a class id as a double
-        return scored.withColumn(column, scored[column].cast("double")) if output == "class" else scored
+        if output != "class":
+            return scored
+        # Spark ML's classifiers and evaluators take a class id as a double (a column per output of several)
+        return scored.withColumns({name: scored[name].cast("double") for name in scored.columns
+                                   if name not in dataset.columns})
 
     def write(self):
         return _KerasModelWriter(self)

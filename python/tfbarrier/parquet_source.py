@@ -117,8 +117,8 @@ def plan(frame, partitions, layout, num_workers):
     ``num_workers`` tasks, or None when Spark must stream the partitions (see the module's docstring)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    if not cluster.direct_parquet(frame.sparkSession):
-        return None
+    if not cluster.direct_parquet(frame.sparkSession) or layout.inputs is not None:  # a column per input: Spark's
+        return None  # aggregate pass measures each array column's lengths
     scan = plain_scan(frame)
     if scan is None:
         return None

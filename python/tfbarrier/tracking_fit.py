@@ -27,7 +27,9 @@ def fit_params(job, **arguments):
 
     layout = job.layout
     return {**{name: getattr(job, name) for name in FIT_PARAMS},
-            "features": list(layout.features), "label": layout.label, "sample_weight": layout.weight,
+            "features": dict(zip(layout.inputs, layout.features)) if layout.inputs else list(layout.features),
+            "label": dict(zip(layout.outputs, layout.labels)) if layout.outputs else layout.label,
+            "sample_weight": layout.weight,
             "validation_data": job.has_validation_column, "model_kind": job.model.flavor, **arguments,
             "tfbarrier_version": __version__,
             "tensorflow_version": installed_version("tensorflow", "tensorflow-cpu")}

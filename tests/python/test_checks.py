@@ -115,13 +115,14 @@ def test_uncompiled_model_is_refused(small_df):
         fit(small_df, model)
 
 
-def test_model_with_two_inputs_is_refused(small_df):
+def test_a_model_of_two_inputs_fed_one_column_is_refused_naming_its_inputs(small_df):
     import keras
 
-    a, b = keras.Input((32,)), keras.Input((32,))
+    a, b = keras.Input((32,), name="left"), keras.Input((32,), name="right")
     model = keras.Model([a, b], keras.layers.Dense(10)(keras.layers.Concatenate()([a, b])))
     model.compile(optimizer="adam", loss="mse")
-    with pytest.raises(ModelError, match="natively .* does not support models with several inputs yet"):
+    with pytest.raises(ModelError, match=r'2 inputs: give features= one column for each.*\{"left": "<column>", '
+                                         r'"right": "<column>"\}'):
         fit(small_df, model)
 
 

@@ -120,18 +120,65 @@ def test_integer_columns_reach_the_model_as_integers(spark, trained):
     assert not np.allclose(model.get_weights()[0], trained["reference"].get_weights()[0], rtol=1e-4, atol=1e-6)
 
 
+def test_predict_scores_several_inputs_into_a_column_per_output(trained):
+    result, df, data = trained["result"], trained["df"], trained["data"]
+    local = result.model.predict(model_x(data), verbose=0)
+    scored = tfbarrier.predict(df, result, features=FEATURES, output="raw")
+    assert scored.columns == [*df.columns, "prediction_cls", "prediction_reg"]
+    # the scores' struct is computed once a row, whatever the columns taken from it
+    plan = scored._jdf.queryExecution().executedPlan().toString()
+    assert plan.count("EvalPython") == 1, plan
+    rows = scored.toPandas()
+    order = np.argsort(rows["scale"].to_numpy())  # rows come back in any order: matched by their own scale
+    expected = np.argsort(data["scale"])
+    np.testing.assert_allclose(np.stack(rows["prediction_cls"])[order], local[0][expected], rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.stack(rows["prediction_reg"])[order], local[1][expected], rtol=1e-4, atol=1e-6)
+    # one output, in a column of the user's: "class" of the softmax head
+    chosen = tfbarrier.predict(df, result, features=FEATURES, output_col={"cls": "kind_predicted"}).toPandas()
+    assert list(chosen.columns) == [*df.columns, "kind_predicted"]
+    order = np.argsort(chosen["scale"].to_numpy())
+    np.testing.assert_array_equal(chosen["kind_predicted"].to_numpy()[order], local[0][expected].argmax(axis=1))
+    # on the driver: a dict of each output's scores
+    frame = {"token_ids": data["ids"], "numbers": data["num"], "scale": data["scale"]}
+    here = tfbarrier.predict_local(result, frame, features=FEATURES, output="raw")
+    assert list(here) == ["cls", "reg"]
+    np.testing.assert_allclose(here["reg"], local[1], rtol=1e-4, atol=1e-6)
+
+
+def test_a_spark_ml_estimator_takes_a_column_per_input_and_output_and_saves_them(spark, trained, tmp_path):
+    """From a Parquet file, too (a plain scan, which tfbarrier otherwise reads in the tasks itself)."""
+    from tfbarrier.ml import KerasEstimator, KerasModel
+
+    trained["df"].write.parquet(str(tmp_path / "data"))
+    df, data = spark.read.parquet(str(tmp_path / "data")), trained["data"]
+    keras.utils.set_random_seed(5)
+    estimator = KerasEstimator(model=multi_model(), featuresCols=FEATURES, labelCols=LABELS, epochs=1, batchSize=16,
+                               numWorkers=2, verbose=0)
+    fitted = estimator.fit(df)
+    assert set(fitted.history) >= {"cls_loss", "reg_loss"}
+    fitted.write().save(str(tmp_path / "model"))
+    with keras.saving.custom_object_scope({"Remainder": Remainder}):  # as Keras loads a model of custom classes
+        loaded = KerasModel.load(str(tmp_path / "model"))
+    scored = loaded.transform(df)
+    assert scored.schema["prediction_cls"].dataType.simpleString() == "double"  # a class id, as Spark ML's
+    rows = scored.toPandas()
+    order, expected = np.argsort(rows["scale"].to_numpy()), np.argsort(data["scale"])
+    local = fitted.keras_model.predict(model_x(data), verbose=0)
+    np.testing.assert_array_equal(rows["prediction_cls"].to_numpy()[order], local[0][expected].argmax(axis=1))
+
+
 def test_several_inputs_are_refused_where_they_cannot_work(spark, trained):
     df, model = trained["df"], multi_model()
     with pytest.raises(ModelError, match=r"inputs \['ids', 'num', 'scalar'\].*model's inputs are \['ids', 'num', "
                                          r"'scale'\].*keras.Input\(name="):
         tfbarrier.fit(df, model, features={**{k: v for k, v in FEATURES.items() if k != "scale"}, "scalar": "scale"},
                       label=LABELS, num_workers=2)
+    with pytest.raises(InvalidArgumentError, match=r"output_col must be .* outputs \['cls', 'reg'\]"):
+        tfbarrier.predict(df, trained["result"], features=FEATURES, output_col={"head": "x"})
     with pytest.raises(InvalidArgumentError, match="class_weight with a label per output.*sample_weight"):
         tfbarrier.fit(df, model, features=FEATURES, label=LABELS, class_weight={0: 1.0, 1: 2.0}, num_workers=2)
     with pytest.raises(InvalidArgumentError, match="features as a dict must map each model input's name to a column"):
         tfbarrier.fit(df, model, features={"ids": ["token_ids"]}, label=LABELS, num_workers=2)
-    with pytest.raises(ModelError, match="several outputs \\('cls', 'reg'\\).*model.get_layer"):
-        tfbarrier.predict(df, trained["result"], features=FEATURES)
     legacy = tf_keras.Sequential([tf_keras.Input((2,)), tf_keras.layers.Dense(1)])
     legacy.compile(optimizer="sgd", loss="mse")
     with pytest.raises(ModelError, match="needs a Keras 3 model that trains natively"):

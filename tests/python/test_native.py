@@ -154,6 +154,14 @@ def test_a_keras3_model_with_classes_of_its_own_scores_on_the_executors(spark, l
                                rtol=1e-5, atol=1e-6)
 
 
+def test_a_keras3_model_with_a_layer_of_its_own_is_a_feature_extractor_on_the_executors(spark, line_df):
+    model = gated_model()
+    x, _ = line_data()
+    scored = tfbarrier.predict(line_df, model, features="x", output="features").toPandas()  # the Gate layer's output
+    expected = keras.Model(model.inputs, model.layers[-2].output).predict(x, verbose=0)
+    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_validation_counts_every_row_once_however_uneven_the_workers_shares(spark, line_df, tmp_path):
     keras.utils.set_random_seed(12)
     model = gated_model()
