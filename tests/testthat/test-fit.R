@@ -278,4 +278,8 @@ test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs fro
   expect_equal(nrow(fit$history), 2)
   expect_true(all(c("cls_loss", "reg_loss") %in% names(fit$history)))
   expect_length(unique(fit$workers$checksum), 1)
+  predicted <- predict(fit, data[1:10, ], type = "raw")
+  expect_named(predicted, c("cls", "reg"))
+  expect_equal(dim(predicted$cls), c(10L, 2L))
+  expect_equal(dim(predicted$reg), c(10L, 1L))
 })
