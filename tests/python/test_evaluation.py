@@ -18,10 +18,10 @@ def evaluate_locally(model, frame):
     return model.evaluate(x, frame["digit"].to_numpy(), batch_size=len(frame), verbose=0, return_dict=True)
 
 
-@pytest.mark.parametrize("split", [(210, 90), (1, 299), (0, 3)])
+@pytest.mark.parametrize("split", [(1, 299), (0, 3)])
 def test_validation_data_is_evaluated_once_per_row_like_model_evaluate(spark, digits, split):
     """validation_data in two deliberately uneven partitions (one of 1 row, one empty), which each
-    worker gets as they are."""
+    worker gets as they are (an even split takes the same path, with no padding row to leave out)."""
     train, held_out = digits[0], digits[1].iloc[:sum(split)]
     validation_data = partitioned(spark, held_out, lambda i: int(i >= split[0]), 2)
     result = tfbarrier.fit(spark.createDataFrame(train), digits_cnn(), features="pixels", label="digit", epochs=2,

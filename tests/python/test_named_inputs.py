@@ -156,6 +156,7 @@ def test_a_spark_ml_estimator_takes_a_column_per_input_and_output_and_saves_them
                                numWorkers=2, verbose=0)
     fitted = estimator.fit(df)
     assert set(fitted.history) >= {"cls_loss", "reg_loss"}
+    assert any(isinstance(layer, Remainder) for layer in fitted.keras_model.layers)  # the model's own class
     fitted.write().save(str(tmp_path / "model"))
     with keras.saving.custom_object_scope({"Remainder": Remainder}):  # as Keras loads a model of custom classes
         loaded = KerasModel.load(str(tmp_path / "model"))

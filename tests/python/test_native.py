@@ -330,19 +330,6 @@ def test_a_native_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninter
     assert not (tmp_path / "state").exists()  # a finished fit leaves nothing to resume
 
 
-def test_a_spark_ml_pipeline_trains_and_scores_a_keras3_model_of_its_own_classes(spark, line_df):
-    from tfbarrier.ml import KerasEstimator
-
-    estimator = KerasEstimator(model=gated_model(), featuresCol="x", labelCol="y", epochs=2, batchSize=GLOBAL_BATCH,
-                               numWorkers=2, seed=1, verbose=0)
-    trained = estimator.fit(line_df)
-    assert isinstance(trained.keras_model.layers[2], Gate) and len(trained.history["loss"]) == 2
-    scored = trained.copy({trained.output: "raw"}).transform(line_df).toPandas()
-    x = np.stack(scored["x"].to_numpy()).astype("float32")
-    np.testing.assert_allclose(np.stack(scored["prediction"].to_numpy()), trained.keras_model.predict(x, verbose=0),
-                               rtol=1e-5, atol=1e-6)
-
-
 class StopsWorkerOne(keras.callbacks.Callback):
     """Stops worker 1 alone, after its third step (as TerminateOnNaN would on a NaN in its own batch's loss)."""
 
