@@ -132,12 +132,22 @@ class Features:
         """Refuse a model whose input rows of ``width`` values (None: not known yet) cannot fill."""
         check_width(width, input_shape)
 
-    def check_widths(self, shortest, longest):
-        """Refuse rows of different widths (feature values per row)."""
+    def check_widths(self, shortest, longest, name=None):
+        """Refuse rows of different widths (feature values per row) in column ``name`` (the first feature's)."""
         column, rows, length = self.noun
         if shortest != longest:
-            raise ColumnError(f"{column} {self.features[0]!r} holds {rows} of different {length}s ({shortest} to "
-                              f"{longest}); every row must have the same {length} (filter or pad first)")
+            raise ColumnError(f"{column} {name or self.features[0]!r} holds {rows} of different {length}s ({shortest} "
+                              f"to {longest}); every row must have the same {length} (filter or pad first)")
+
+    def flat_values(self, column, name):
+        """(the values of array column ``name``'s rows, flat; values a row), its rows checked to be of one
+        length and its values not null."""
+        lengths = pc.min_max(pc.list_value_length(column))
+        self.check_widths(lengths["min"].as_py(), lengths["max"].as_py(), name)
+        values = column.flatten()
+        if values.null_count:
+            raise ColumnError(f"{self.noun[0]} {name!r} has null values inside its {self.noun[1]}")
+        return values, lengths["min"].as_py() or 0
 
     def empty_x_type(self):
         """The type of ``x`` in a shard without rows."""
@@ -186,12 +196,8 @@ class ArrayColumn(Features):
         column = batch.column(self.features[0])
         if column.null_count:
             raise ColumnError(f"{self.noun[0]} {self.features[0]!r} has null rows: drop them first")
-        lengths = pc.min_max(pc.list_value_length(column))
-        self.check_widths(lengths["min"].as_py(), lengths["max"].as_py())
-        values = column.flatten()
-        if values.null_count:
-            raise ColumnError(f"{self.noun[0]} {self.features[0]!r} has null values inside its {self.noun[1]}")
-        return pa.FixedSizeListArray.from_arrays(pc.cast(values, pa.float32()), lengths["min"].as_py() or 0)
+        values, width = self.flat_values(column, self.features[0])
+        return pa.FixedSizeListArray.from_arrays(pc.cast(values, pa.float32()), width)
 
 
 class VectorColumn(ArrayColumn):
@@ -270,7 +276,7 @@ class NamedInputs(Features):
             if profile[f"null_elements_{i}"]:
                 raise ColumnError(f"feature column {name!r} has {profile[f'null_elements_{i}']} array(s) with null "
                                   "elements: impute them first")
-            _same_widths(name, profile[f"min_length_{i}"], profile[f"max_length_{i}"])
+            self.check_widths(profile[f"min_length_{i}"], profile[f"max_length_{i}"], name)
             widths[name] = profile[f"min_length_{i}"]
         self.check_input(input_shape, {name: widths.get(column, 1) for name, column in zip(self.inputs, self.features)})
 
@@ -304,20 +310,10 @@ class NamedInputs(Features):
                 raise ColumnError(f"feature column {name!r} has null values: drop or impute them first")
             width = 1
             if name in self.arrays:
-                lengths = pc.min_max(pc.list_value_length(column))
-                _same_widths(name, lengths["min"].as_py(), lengths["max"].as_py())
-                column, width = column.flatten(), lengths["min"].as_py() or 0
-                if column.null_count:
-                    raise ColumnError(f"feature column {name!r} has null values inside its arrays")
+                column, width = self.flat_values(column, name)
             dtype = pa.int64() if pa.types.is_integer(column.type) else pa.float32()
             fields.append(pa.FixedSizeListArray.from_arrays(pc.cast(column, dtype), width))
         return pa.StructArray.from_arrays(fields, list(self.inputs))
-
-
-def _same_widths(name, shortest, longest):
-    if shortest != longest:
-        raise ColumnError(f"feature column {name!r} holds arrays of different lengths ({shortest} to {longest}); "
-                          "every row must have the same length (filter or pad first)")
 
 
 def vector_to_array(spark, name):
