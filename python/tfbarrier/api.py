@@ -5,7 +5,7 @@ barrier stage (stage.run)."""
 import random
 import time
 
-from . import checks, cluster, fit_job, gpus, memory, native_model, parquet_source, settings, stage, tracking, transfer
+from . import checks, cluster, fit_job, gpus, job_tls, memory, native_model, parquet_source, settings, stage, tracking, transfer
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .layouts import layout as features_layout
@@ -76,18 +76,19 @@ def _python_env(spark, env):
     return env
 
 
-def _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads=None):
+def _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads=None, tensorflow_server=True):
     """What every job asks of the cluster before its stage, as the Job fields every kind shares: its Python
-    environment (an archive is shipped), the GPU plan, encryption, the executors' Python and
-    ``num_workers`` free slots. Returns (those fields, GPUs per worker)."""
+    environment (an archive is shipped), the GPU plan, encryption (refused for ``tensorflow_server`` jobs
+    unless allowed), the executors' Python and ``num_workers`` free slots. Returns (those fields, GPUs per
+    worker)."""
     tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
     env = _python_env(spark, env)
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
-    cluster.check_encryption(spark, allow_unencrypted)
+    tls = job_tls.for_job(spark, allow_unencrypted, tensorflow_server)
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     basics = {"env": env, "gpus": gpu_plan, "spare_idle_timeout": cluster.spare_idle_timeout(spark),
-              "started_at": started, "tf_threads": tf_threads}
+              "started_at": started, "tf_threads": tf_threads, "tls": tls}
     return basics, gpus_per_worker
 
 
@@ -207,8 +208,9 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         Seconds a training process may go without progress (one heartbeat a second while it steps)
         before the fit fails with WorkerStalledError. None disables the watchdog.
     allow_unencrypted : bool
-        TensorFlow's gRPC traffic between workers is not encrypted. With spark.ssl.enabled or
-        spark.network.crypto.enabled on, fit() refuses to run unless this is True.
+        With spark.ssl.enabled or spark.network.crypto.enabled on, tfbarrier's own traffic (the driver
+        link, a Keras 3 model's ring) is encrypted, but TensorFlow's gRPC traffic between the workers of a
+        tf_keras model is not: such a fit refuses to run unless this is True.
     use_gpu : bool
         Give each training process the GPUs Spark assigned to its task (README, "GPUs").
     verbose : int
@@ -289,13 +291,14 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     with transfer.JobFiles() as files:
         spark = data.sparkSession
         spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
-                                         named=layout.named)
+                                         named=layout.named, encrypted=job_tls.required(spark))
         if getattr(spec, "native", False):
             _native_options(communication, class_weight if layout.outputs else None)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
-        basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
+        basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads,
+                                              tensorflow_server=not getattr(spec, "native", False))
         gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
         memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)

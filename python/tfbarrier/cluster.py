@@ -259,14 +259,15 @@ def encryption_enabled(spark):
 
 
 def check_encryption(spark, allow_unencrypted):
-    """Refuse to run unencrypted traffic in a cluster configured for encryption, unless the user opted
-    in: the workers' gRPC collectives and the driver link (the model's files) are not encrypted."""
+    """Refuse a job whose workers talk over TensorFlow's gRPC (not encrypted) in a cluster configured for
+    encryption, unless the user opted in. tfbarrier's own traffic is encrypted there (job_tls.py)."""
     enabled = encryption_enabled(spark)
     if enabled and not allow_unencrypted:
         raise ClusterError(
             f"{' and '.join(enabled)} is on, but TensorFlow's gRPC traffic between the workers (gradients, "
-            "weights) and the driver link (the model's files) are not encrypted. Run on a trusted network and "
-            "pass allow_unencrypted=True to accept that"
+            "weights) is not encrypted: a tf_keras model trains under MultiWorkerMirroredStrategy, and run() and "
+            "apply() hand the workers a TF_CONFIG for it (a Keras 3 model trains over tfbarrier's own encrypted "
+            "ring instead). Run on a trusted network and pass allow_unencrypted=True to accept that"
         )
 
 

@@ -8,6 +8,9 @@ display). A request (``DriverLink.request``, the rendezvous) gets one line back 
 its kind. Messages are a convenience, never a dependency: a task that cannot reach the driver trains
 on, its sends do nothing and its requests answer None.
 
+With the job's TLS credentials (job_tls.py: the cluster encrypts), every connection is TLS from its first
+byte, the token inside; a connection whose handshake fails counts as refused, like a wrong token.
+
 Files go over connections of their own, the token first as well: ``fetch`` streams a file the
 server offers (the model's weights, transfer.py) into a file of the task's, ``put`` streams a task's
 file (the trained weights) into one the server takes. Neither holds a file in memory: the driver
@@ -20,15 +23,25 @@ import os
 import secrets
 import socket
 import socketserver
+import sys
 import threading
 import time
 
 from . import atomic, settings
+from .job_tls import describe
 
 COPY_CHUNK = 2**20  # bytes read and written at a time while a file streams in
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    def setup(self):
+        tls = self.server.owner.tls
+        if tls is not None:  # the handshake runs here, in the connection's thread: a stranger holds up no other
+            self.request.settimeout(settings.CONNECT_TIMEOUT)
+            self.request = tls.server(self.request)
+            self.request.settimeout(None)
+        super().setup()
+
     def handle(self):
         server = self.server.owner
         try:
@@ -81,6 +94,11 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+        self.owner.rejected += 1  # a failed TLS handshake (an SSLError), or a task gone mid-message
+
 
 class DriverServer:
     """The driver's end. ``requests`` maps a request kind to ``handler(message, reply)``; every other
@@ -88,8 +106,8 @@ class DriverServer:
     (a transfer.JobFiles) says which files are fetched from where (``served(name)``: a path or None) and
     where the files tasks put go (``receiving(name)``)."""
 
-    def __init__(self, host, on_message=None, requests=None, files=None):
-        self.token = secrets.token_hex(16)
+    def __init__(self, host, on_message=None, requests=None, files=None, tls=None):
+        self.token, self.tls = secrets.token_hex(16), tls
         self.on_message = on_message
         self.requests = dict(requests or {})
         self.files = files
@@ -104,8 +122,9 @@ class DriverServer:
 
     @property
     def endpoint(self):
-        """What a task needs to connect: host, port, token."""
-        return {"host": self.host, "port": self.port, "token": self.token}
+        """What a task needs to connect: host, port, token, and the certificate it trusts (TLS) or None."""
+        return {"host": self.host, "port": self.port, "token": self.token,
+                "tls": self.tls and self.tls.pinned()}
 
     def dispatch(self, message, reply):
         handler = self.requests.get(message.get("kind"))
@@ -139,8 +158,7 @@ class DriverLink:
         if not endpoint:
             return
         try:
-            self._sock = socket.create_connection((endpoint["host"], endpoint["port"]),
-                                                  timeout=settings.CONNECT_TIMEOUT)
+            self._sock = _connect(endpoint)
             self._sock.settimeout(None)
             self._sock.sendall(json.dumps({"token": endpoint["token"]}).encode() + b"\n")
             self._replies = self._sock.makefile("rb")
@@ -175,6 +193,11 @@ class DriverLink:
     @property
     def connected(self):
         return self._sock is not None
+
+    @property
+    def encryption(self):
+        """The TLS version and cipher of this link, or None: plain TCP, or no link."""
+        return describe(self._sock)
 
     def fetch(self, name, path):
         """Stream the driver's file ``name`` into ``path``; its size. Raises OSError when it cannot."""
@@ -224,11 +247,24 @@ def _file_connection(endpoint, **hello):
     """A connection of its own for one file, the hello sent: (socket, a reader of its answers)."""
     if not endpoint:
         raise ConnectionError("the job has no driver link")
-    with socket.create_connection((endpoint["host"], endpoint["port"]), timeout=settings.CONNECT_TIMEOUT) as sock:
+    with _connect(endpoint) as sock:
         sock.settimeout(settings.TRANSFER_IDLE_TIMEOUT)
         sock.sendall(json.dumps({"token": endpoint["token"], **hello}).encode() + b"\n")
         with sock.makefile("rb") as answers:
             yield sock, answers
+
+
+def _connect(endpoint):
+    """A connection to the driver's link, TLS when its endpoint pins a certificate."""
+    sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=settings.CONNECT_TIMEOUT)
+    tls = endpoint.get("tls")
+    if tls is None:
+        return sock
+    try:
+        return tls.client(sock)
+    except OSError:
+        sock.close()
+        raise
 
 
 def _answer(answers, name):

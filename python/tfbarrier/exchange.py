@@ -1,9 +1,10 @@
 """A ring all-reduce between a job's training processes that admits only the job's own peers.
 
-The first step of docs/gradient-exchange-design.md: not wired into fit yet. Each process listens on a
-port of its own and connects to the next in the ring; a connection is kept only after both sides proved
-that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a stranger sends is read
-as data and a recorded exchange cannot be replayed). ``Ring.all_reduce_sum`` sums equal-shaped numpy
+How a Keras 3 model's workers exchange gradients (native_training.py; docs/gradient-exchange-design.md).
+Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
+after both sides proved that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a
+stranger sends is read as data and a recorded exchange cannot be replayed). With the job's TLS credentials
+(job_tls.py: the cluster encrypts), each connection is TLS first and the proofs go inside it. ``Ring.all_reduce_sum`` sums equal-shaped numpy
 arrays across the ring: reduce-scatter, then all-gather, each process sending 2 (n - 1) / n of the
 array's bytes. A failure is a WorkerError, retryable when a peer is missing or went silent, not when a
 peer cannot prove that it belongs to the job.
@@ -21,6 +22,7 @@ import time
 import numpy as np
 
 from .errors import WorkerError
+from .job_tls import describe
 
 NONCE_BYTES = 32
 LOST_PEER = "lost in the ring: "  # begins the message of every failure for want of a peer
@@ -65,6 +67,77 @@ def _introduce(sock, secret, rank):
     return hmac.compare_digest(welcome, _proof(secret, b"tfbarrier-ring-welcome", nonce, their_nonce))
 
 
+def _greet(sock, credentials, rank):
+    """The connecting side's TLS (with ``credentials``' job_tls.Credentials) and proof of the secret:
+    (the socket, None), or (it, why the peer is not this job's)."""
+    secret, tls = credentials
+    try:
+        if tls is not None:
+            sock = tls.client(sock)
+    except OSError as exc:
+        return sock, f"did not complete TLS with the job's certificate ({type(exc).__name__}: {exc})"
+    try:
+        if _introduce(sock, secret, rank):
+            return sock, None
+        return sock, "did not prove that it holds this job's secret"
+    except OSError as exc:  # the peer closed: it did not accept this process's proof
+        return sock, f"refused this process's proof of the job's secret ({exc})"
+
+
+class _Admission:
+    """The accepting side's wait for the previous rank on ``listener``: each connection is tried in a thread
+    of its own, so a stranger that holds one open (or stalls its TLS handshake) delays nobody; the first to
+    prove the secret is kept, every other connection closed."""
+
+    def __init__(self, listener, credentials, expected_rank, deadline):
+        self.refused, self._conn, self._abandoned = 0, None, False
+        self._lock, self._admitted = threading.Lock(), threading.Event()
+        self._listener, self._credentials, self._rank, self._deadline = listener, credentials, expected_rank, deadline
+        threading.Thread(target=self._accept, name="tfbarrier-ring-accept", daemon=True).start()
+
+    def _accept(self):
+        while not self._admitted.is_set() and time.monotonic() < self._deadline:
+            self._listener.settimeout(min(0.2, max(0.01, self._deadline - time.monotonic())))
+            try:
+                conn, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:  # the listener closed
+                return
+            threading.Thread(target=self._try, args=(conn,), name="tfbarrier-ring-admit", daemon=True).start()
+
+    def _try(self, conn):
+        secret, tls = self._credentials
+        conn.settimeout(max(0.01, min(5.0, self._deadline - time.monotonic())))
+        try:
+            if tls is not None:
+                conn = tls.server(conn)  # a stranger speaking plain TCP fails here
+            admitted = _admit(conn, secret, self._rank)
+        except OSError:  # the stranger closed or went quiet
+            admitted = False
+        with self._lock:
+            if admitted and self._conn is None and not self._abandoned:
+                self._conn = conn
+                self._admitted.set()
+                return
+            self.refused += not admitted
+        conn.close()
+
+    def wait(self, seconds):
+        """The admitted connection, or None after ``seconds``."""
+        self._admitted.wait(seconds)
+        with self._lock:
+            return self._conn
+
+    def abandon(self):
+        """Stop waiting; close what got in meanwhile."""
+        with self._lock:
+            self._abandoned, conn, self._conn = True, self._conn, None
+        self._admitted.set()
+        if conn is not None:
+            conn.close()
+
+
 class Ring:
     """This process's place in the ring: ``rank`` of ``len(addresses)``, connected to its neighbours."""
 
@@ -77,31 +150,27 @@ class Ring:
             self._sender.start()
 
     @classmethod
-    def join(cls, rank, addresses, secret, listener, timeout=60.0):
+    def join(cls, rank, addresses, secret, listener, timeout=60.0, tls=None):
         """Connect to the next process in ``addresses`` (``host:port`` of every rank) and admit the
-        previous one on ``listener`` (a listening socket on this rank's address). Connections that do not
-        prove ``secret`` (bytes) are closed and the wait goes on; WorkerError after ``timeout`` s."""
+        previous one on ``listener`` (a listening socket on this rank's address), over TLS with ``tls``
+        (job_tls.Credentials). Connections that do not prove ``secret`` (bytes) are closed and the wait
+        goes on; WorkerError after ``timeout`` s."""
         size = len(addresses)
         if size == 1:
             return cls(rank, 1, None, None, timeout)
         deadline = time.monotonic() + timeout
-        accepted = {}
-        acceptor = threading.Thread(target=cls._accept, args=(listener, secret, (rank - 1) % size, deadline, accepted),
-                                    daemon=True)
-        acceptor.start()
+        admission = _Admission(listener, (secret, tls), (rank - 1) % size, deadline)
         try:
-            right = cls._connect(addresses[(rank + 1) % size], secret, rank, deadline)
+            right = cls._connect(addresses[(rank + 1) % size], (secret, tls), rank, deadline)
         except WorkerError:
-            acceptor.join(0.1)
-            if accepted.get("conn") is not None:  # the previous worker got in meanwhile: not left open
-                accepted["conn"].close()
+            admission.abandon()  # the previous worker may have got in meanwhile: not left open
             raise
-        acceptor.join(max(0.0, deadline - time.monotonic()))
-        left = accepted.get("conn")
+        left = admission.wait(max(0.0, deadline - time.monotonic()))
         if left is None:
+            admission.abandon()
             right.close()
             raise WorkerError(f"worker {(rank - 1) % size} did not join the ring within {timeout:g} s "
-                              f"({accepted.get('refused', 0)} connection(s) without the job's secret refused)",
+                              f"({admission.refused} connection(s) without the job's secret refused)",
                               worker=(rank - 1) % size, retryable=True)
         for sock in (left, right):
             sock.settimeout(timeout)
@@ -109,25 +178,7 @@ class Ring:
         return cls(rank, size, left, right, timeout)
 
     @staticmethod
-    def _accept(listener, secret, expected_rank, deadline, accepted):
-        while time.monotonic() < deadline:
-            listener.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # the deadline passed (a timeout is an OSError), or the listener closed
-                return
-            conn.settimeout(max(0.01, min(5.0, deadline - time.monotonic())))
-            try:
-                if _admit(conn, secret, expected_rank):
-                    accepted["conn"] = conn
-                    return
-            except OSError:  # the stranger closed or went quiet
-                pass
-            accepted["refused"] = accepted.get("refused", 0) + 1
-            conn.close()
-
-    @staticmethod
-    def _connect(address, secret, rank, deadline):
+    def _connect(address, credentials, rank, deadline):
         host, port = address.rsplit(":", 1)
         last = None
         while time.monotonic() < deadline:
@@ -137,12 +188,9 @@ class Ring:
                 last = exc
                 time.sleep(0.05)
                 continue
-            try:
-                if _introduce(sock, secret, rank):
-                    return sock
-                why = "did not prove that it holds this job's secret"
-            except OSError as exc:  # the peer closed: it did not accept this process's proof
-                why = f"refused this process's proof of the job's secret ({exc})"
+            sock, why = _greet(sock, credentials, rank)
+            if why is None:
+                return sock
             sock.close()
             raise WorkerError(f"the next worker in the ring, at {address}, {why}: are both of this job?")
         raise WorkerError(f"could not reach the next worker in the ring at {address} within the ring's timeout: {last}",
@@ -176,6 +224,11 @@ class Ring:
         if sent is not None:
             raise self._lost(self.rank + 1, f"stopped reading the ring ({sent})")
         return np.frombuffer(data, dtype=incoming.dtype)
+
+    @property
+    def encryption(self):
+        """The TLS version and cipher of this process's ring connections, or None: plain TCP."""
+        return describe(self._right)
 
     def _lost(self, rank, what):
         worker = rank % self.size

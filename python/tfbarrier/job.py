@@ -44,12 +44,13 @@ class Job:
     spare_idle_timeout: float = settings.SPARE_IDLE_TIMEOUT  # take a spare, leave one that waits this long; 0: none
     stall_timeout: float = None  # seconds without any message from a training process before it is declared stuck
     attempt: int = 1  # 1 + the number of times the driver resubmitted the job
-    link: dict = None  # the driver's link (driver_link.py): host, port, token; None: none
+    link: dict = None  # the driver's link (driver_link.py): host, port, token, pinned certificate; None: none
     verbose: int = 0
     started_at: float = None  # driver clock at the call, for deadlines and time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
     # what a training process proves to its peers before they exchange anything (exchange.py)
     secret: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    tls: object = None  # job_tls.Credentials when the job's own traffic is encrypted (the cluster's is); None: plain
 
     # ---- in the task (no TensorFlow there) ----
     def write_input(self, batches, path, index):

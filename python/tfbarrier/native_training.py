@@ -93,7 +93,7 @@ def _join(job, config, index):
     try:
         return exchange.Ring.join(index, config["tf_config"]["cluster"]["worker"], job.secret.encode(),
                                   config["listener"], timeout=(job.communication or {}).get("timeout_seconds")
-                                  or job.stall_timeout or settings.STALL_TIMEOUT)
+                                  or job.stall_timeout or settings.STALL_TIMEOUT, tls=job.tls)
     finally:
         config["listener"].close()  # the ring is made: from here on this process listens on no port
 
@@ -195,7 +195,7 @@ def exchange_gradients(optimizer, ring, options=None):
 
     optimizer.apply = apply_mean
     return {**COMMUNICATION, "bytes_per_pack": options.get("bytes_per_pack", communication.PACK_BYTES),
-            "compression": options.get("compression", "none")}
+            "compression": options.get("compression", "none"), "encryption": ring.encryption or "none"}
 
 
 def _gathered_slices(grad, ring, after):

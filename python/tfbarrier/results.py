@@ -115,7 +115,7 @@ class FitResult:
               TensorFlow already imported), finished_at (its clock, time.time(), when training ended),
               transfer (how the job's files, the model's weights among them, reached it and the trained
               model left it: via "driver link" or "spark", fetched_bytes, fetch_seconds, sent_bytes,
-              send_seconds), then FitOutput's fields: steps, checksum (of the final weights: equal on
+              send_seconds, encryption: the link's TLS version and cipher, or "none"), then FitOutput's fields: steps, checksum (of the final weights: equal on
               every worker when the replicas stayed in sync), memory (its training process's resident
               memory in MB: tensorflow_mb once TensorFlow and the strategy were set up, baseline_mb once
               the model was too, peak_mb at the end), first_step_at, initial_epoch, resumed_at,

@@ -58,7 +58,7 @@ def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retrie
     (the job's transfer.JobFiles). Returns (WorkerResults in worker order, attempts, the tasks' messages)."""
     display = progress.ProgressDisplay(verbose, global_batch, on_progress=on_progress)
     meeting = rendezvous.DriverRendezvous(num_workers)
-    server = _open_link(frame.sparkSession, display, meeting, files)
+    server = _open_link(frame.sparkSession, display, meeting, files, job.tls)
     if server is None:
         job = transfer.with_payloads_inline(job, files)
     job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose)
@@ -73,15 +73,15 @@ def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retrie
     return results, attempts, server.events if server is not None else []
 
 
-def _open_link(spark, display, meeting, files):
-    """The DriverServer of the job, or None when spark.tfbarrier.driverLink is false or the driver cannot
+def _open_link(spark, display, meeting, files, tls):
+    """The DriverServer of the job (over TLS with ``tls``), or None when spark.tfbarrier.driverLink is false or the driver cannot
     listen on its address (a remote Connect session)."""
     if not cluster.driver_link_enabled(spark):
         return None
     host = cluster.driver_host(spark)
     try:
         return driver_link.DriverServer(host, on_message=display.show, requests={rendezvous.REQUEST: meeting.answer},
-                                        files=files)
+                                        files=files, tls=tls)
     except OSError as exc:  # spark.driver.host is not this machine (a remote Connect session): no link
         display.unavailable(f"the driver cannot listen on {host} ({exc})")
         return None

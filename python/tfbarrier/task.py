@@ -160,7 +160,8 @@ def _run(job, context, batches, workdir, link):
         report, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
         rows=written.pop("rows"), written=written, agreed=agreed, environment=environment_info, warm_start=warm,
         rendezvous_via=how, task_started_at=started, timings={**report.timings, **timings}, files=files,
-        transfer={"via": fetched["via"], "fetched_bytes": fetched["bytes"], "fetch_seconds": fetched["seconds"], **sent},
+        transfer={"via": fetched["via"], "fetched_bytes": fetched["bytes"], "fetch_seconds": fetched["seconds"], **sent,
+                  "encryption": link.encryption or "none"},
     )
 
 

@@ -14,26 +14,31 @@ from conftest import run_driver
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = """
 import json, sys
-from conftest import digits_cnn, make_spark
+from conftest import digits_cnn, make_spark, worker_model
 import pandas as pd
 import tfbarrier
 make_spark("local[2]").stop()  # the JVM starts (and keeps as system properties) no case's settings
+
 for name, (conf, extra) in json.loads(sys.argv[1]).items():
     spark = make_spark("local[2]", **conf)
     df = spark.createDataFrame(pd.DataFrame({"pixels": [[0.0] * 64] * 4, "digit": [0, 1, 2, 3]}))
     jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+    model = worker_model(digits_cnn()) if extra.pop("tf_keras", False) else digits_cnn()  # else Keras 3
     try:
-        tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", batch_size=2, num_workers=2, **extra)
-        print("OUTCOME", name, "fitted")
+        result = tfbarrier.fit(df, model, features="pixels", label="digit", batch_size=2, num_workers=2, **extra)
+        how = {(w["communication"].get("encryption"), w["transfer"]["encryption"]) for w in result.workers}
+        print("OUTCOME", name, "fitted", json.dumps(sorted(how)))
     except tfbarrier.errors.TfBarrierError as e:
         jobs_after = len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
         print("OUTCOME", name, type(e).__name__, jobs_after - jobs_before, str(e))
     spark.stop()
 """
+ENCRYPTED = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true", "spark.authenticate.secret": "s"}
 CASES = {
     "dynamic_allocation": ({"spark.dynamicAllocation.enabled": "true"}, {}),
-    "ssl": ({"spark.ssl.enabled": "true"}, {}),
-    "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True}),
+    "ssl": ({"spark.ssl.enabled": "true"}, {"tf_keras": True}),
+    "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True, "tf_keras": True}),
+    "encrypted_keras3": (ENCRYPTED, {"epochs": 1}),
 }
 
 
@@ -55,7 +60,15 @@ def test_settings_are_refused_before_any_spark_job(outcomes, case, message):
 
 
 def test_encryption_refusal_can_be_overridden(outcomes):
-    assert outcomes["ssl_allowed"] == "fitted"
+    # the tf_keras model's gRPC is not encrypted (allowed), its driver link is: Spark's encryption is on
+    assert re.fullmatch(r'fitted \[\[null, "TLSv1\.3 TLS_\w+"\]\]', outcomes["ssl_allowed"]), outcomes["ssl_allowed"]
+
+
+def test_a_keras3_model_trains_in_an_encrypted_cluster_its_ring_and_driver_link_over_tls(outcomes):
+    # the slides' CNN, which tf_keras can rebuild, takes the native path there: the workers' (ring, link)
+    # encryption is TLS 1.3 for both, with no allow_unencrypted
+    assert re.fullmatch(r'fitted \[\["TLSv1\.3 TLS_\w+", "TLSv1\.3 TLS_\w+"\]\]', outcomes["encrypted_keras3"]), \
+        outcomes["encrypted_keras3"]
 
 
 MASTERS = {

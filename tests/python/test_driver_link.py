@@ -5,7 +5,9 @@ import json
 import socket
 import time
 
-from tfbarrier.driver_link import DriverLink, DriverServer
+from tfbarrier import transfer
+from tfbarrier.driver_link import DriverLink, DriverServer, fetch
+from tfbarrier.job_tls import Credentials
 
 
 def wait_until(condition, seconds=5):
@@ -73,3 +75,34 @@ def test_a_followed_log_is_sent_to_its_last_line_when_the_link_closes(tmp_path):
     wait_until(lambda: len(server.events) >= 2)
     server.close()
     assert [m["line"] for m in server.events if m["kind"] == "log"] == ["first", "last"]
+
+
+def test_an_encrypted_link_carries_messages_and_files_over_tls_and_refuses_plain_tcp(tmp_path):
+    heard = []
+    with transfer.JobFiles() as files:
+        model = files.add_bytes("model.bin", b"weights" * 1000)
+        server = DriverServer("127.0.0.1", on_message=heard.append, files=files, tls=Credentials.new(),
+                              requests={"echo": lambda message, reply: reply({"echoed": message["text"]})})
+        link = DriverLink(server.endpoint, worker=1)
+        try:
+            with socket.create_connection((server.host, server.port)) as plain:  # the right token, in the clear
+                try:
+                    plain.sendall(json.dumps({"token": server.token}).encode() + b"\n")
+                    plain.sendall(json.dumps({"kind": "event", "worker": 9, "event": "plain"}).encode() + b"\n")
+                except ConnectionResetError:  # the server refused the handshake before the second line
+                    pass
+            link.event("started")
+            answer = link.request("echo", text="hello")
+            size = fetch(server.endpoint, model.name, str(tmp_path / "model.bin"))
+            (tmp_path / "trained.bin").write_bytes(b"trained" * 1000)
+            link.put("trained.bin", str(tmp_path / "trained.bin"))
+            wait_until(lambda: heard and server.rejected)
+        finally:
+            link.close()
+            server.close()
+        received = open(files.receiving("trained.bin"), "rb").read()
+    assert server.endpoint["tls"].certificate.startswith(b"-----BEGIN CERTIFICATE")
+    assert answer == {"echoed": "hello"} and [m["event"] for m in heard] == ["started"]
+    assert size == 7000 and (tmp_path / "model.bin").read_bytes() == b"weights" * 1000
+    assert received == b"trained" * 1000
+    assert server.rejected == 1

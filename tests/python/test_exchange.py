@@ -2,6 +2,7 @@
 listening socket on 127.0.0.1 (no TensorFlow, no Spark)."""
 
 import socket
+import ssl
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 from tfbarrier.errors import WorkerError
 from tfbarrier.exchange import NONCE_BYTES, Ring
+from tfbarrier.job_tls import Credentials
 
 SECRET = b"the job's secret"
 
@@ -24,15 +26,16 @@ def listeners(n):
     return socks, [f"127.0.0.1:{sock.getsockname()[1]}" for sock in socks]
 
 
-def in_threads(n, work, secrets=None, timeout=10.0):
-    """Run ``work(ring)`` on every rank of an ``n``-process ring (rank i holding ``secrets[i]``): each
-    rank's result, or the exception it raised."""
+def in_threads(n, work, secrets=None, timeout=10.0, tls=None):
+    """Run ``work(ring)`` on every rank of an ``n``-process ring (rank i holding ``secrets[i]`` and TLS
+    credentials ``tls[i]``): each rank's result, or the exception it raised."""
     socks, addresses = listeners(n)
     results = [None] * n
 
     def rank(i):
         try:
-            ring = Ring.join(i, addresses, (secrets or [SECRET] * n)[i], socks[i], timeout=timeout)
+            ring = Ring.join(i, addresses, (secrets or [SECRET] * n)[i], socks[i], timeout=timeout,
+                             tls=(tls or [None] * n)[i])
             try:
                 results[i] = work(ring)
             finally:
@@ -117,3 +120,97 @@ def test_a_rank_that_goes_silent_fails_the_others_with_a_retryable_error_naming_
     assert isinstance(results[0], WorkerError) and results[0].retryable, results[0]
     assert results[0].worker == 2 and "went silent" in str(results[0])
     assert isinstance(results[1], WorkerError) and results[1].retryable, results[1]
+
+
+def test_an_encrypted_ring_sums_over_tls_13_with_the_jobs_certificate():
+    job = Credentials.new()
+    arrays = [np.arange(1000, dtype="float32") * (i + 1) for i in range(3)]
+    results = in_threads(3, lambda ring: (ring.all_reduce_sum(arrays[ring.rank]), ring.encryption), tls=[job] * 3)
+    for result in results:
+        assert not isinstance(result, Exception), result
+        np.testing.assert_array_equal(result[0], np.sum(arrays, axis=0))
+        assert result[1].startswith("TLSv1.3 "), result[1]
+
+
+def test_strangers_get_nothing_from_an_encrypted_ring_which_forms_anyway():
+    """One stranger speaks plain TCP, the other completes TLS (a client may, trusting anything) but holds no
+    secret: neither gets a byte of the ring's, and its ranks still meet."""
+    job = Credentials.new()
+    socks, addresses = listeners(2)
+    heard, arrived = {}, threading.Semaphore(0)
+    anything = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    anything.check_hostname, anything.verify_mode = False, ssl.CERT_NONE
+
+    def plain():
+        with socket.create_connection(socks[0].getsockname(), timeout=10) as conn:
+            arrived.release()
+            conn.sendall(b"\x00\x00\x00\x01" + b"x" * (NONCE_BYTES + 32))
+            try:
+                heard["plain"] = conn.recv(64)  # a TLS alert at most, then closed: no nonce, no welcome
+            except ConnectionError:
+                heard["plain"] = b""
+
+    def tls():
+        with anything.wrap_socket(socket.create_connection(socks[0].getsockname(), timeout=10)) as conn:
+            arrived.release()
+            heard["tls nonce"] = len(conn.recv(NONCE_BYTES))
+            conn.sendall(b"\x00\x00\x00\x01" + b"x" * (NONCE_BYTES + 32))  # rank 1, without the secret
+            try:
+                heard["tls after"] = conn.recv(64)
+            except (ssl.SSLError, ConnectionError):
+                heard["tls after"] = b""
+
+    strangers = [threading.Thread(target=plain), threading.Thread(target=tls)]
+    strangers[0].start()
+    assert arrived.acquire(timeout=10)
+    strangers[1].start()
+    results = [None, None]
+
+    def rank(i):
+        ring = Ring.join(i, addresses, SECRET, socks[i], timeout=10, tls=job)
+        results[i] = ring.all_reduce_sum(np.array([i + 1.0]))
+        ring.close()
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    time.sleep(0.5)  # the TLS stranger is in rank 0's backlog before rank 1 connects
+    for thread in threads:
+        thread.start()
+    for thread in threads + strangers:
+        thread.join(30)
+    assert not heard["plain"].startswith(b"\x00" * 4) and len(heard["plain"]) < NONCE_BYTES, heard
+    assert heard["tls nonce"] == NONCE_BYTES and heard["tls after"] == b"", heard
+    assert [r.tolist() for r in results] == [[3.0], [3.0]]
+
+
+def test_a_peer_with_another_jobs_certificate_is_refused_in_words_naming_tls():
+    started = time.monotonic()
+    results = in_threads(2, lambda ring: ring.all_reduce_sum(np.ones(3)), tls=[Credentials.new(), Credentials.new()],
+                         timeout=3)
+    assert time.monotonic() - started < 30
+    for result in results:
+        assert isinstance(result, WorkerError), result
+    assert any("did not complete TLS with the job's certificate" in str(r) and not r.retryable for r in results), results
+
+
+@pytest.mark.parametrize("tls", [None, Credentials.new()], ids=["plain", "tls"])
+def test_a_silent_stranger_holding_a_connection_open_does_not_delay_the_ring(tls):
+    socks, addresses = listeners(2)
+    with socket.create_connection(socks[0].getsockname(), timeout=10), \
+            socket.create_connection(socks[1].getsockname(), timeout=10):  # first in both backlogs, then quiet
+        time.sleep(0.2)
+        started = time.monotonic()
+        results = [None, None]
+
+        def rank(i):
+            ring = Ring.join(i, addresses, SECRET, socks[i], timeout=20, tls=tls)
+            results[i] = ring.all_reduce_sum(np.array([i + 1.0]))
+            ring.close()
+
+        threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        took = time.monotonic() - started
+    assert [r.tolist() for r in results] == [[3.0], [3.0]]
+    assert took < 3, f"the ring waited {took:.1f} s behind a stranger (admission's per-connection wait is 5 s)"
