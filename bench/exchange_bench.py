@@ -1,6 +1,7 @@
-"""tfbarrier's own ring all-reduce (exchange.py, authenticated) against TensorFlow's collective all-reduce
-(MultiWorkerMirroredStrategy, RING, the path fits take today), two processes on loopback, float32 buffers
-of gradient sizes: seconds per all-reduce (the slower rank's), rounds interleaved.
+"""tfbarrier's own ring all-reduce (exchange.py, authenticated), plain and over TLS 1.3 (job_tls.py: what a
+cluster that encrypts gets), against TensorFlow's collective all-reduce (MultiWorkerMirroredStrategy, RING,
+the translated path's), two processes on loopback, float32 buffers of gradient sizes: seconds per
+all-reduce (the slower rank's), rounds interleaved.
 
     python bench/exchange_bench.py [--mb 1 16 64] [--rounds 3] [--reps 10]
 """
@@ -8,18 +9,22 @@ of gradient sizes: seconds per all-reduce (the slower rank's), rounds interleave
 import argparse
 import json
 import os
+import pickle
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import harness
 
 HERE = os.path.abspath(__file__)
+KINDS = ("ring", "ring-tls", "tf")
+TLS_FILE_ENV = "TFBARRIER_BENCH_TLS"  # the pickled job_tls.Credentials both ring-tls ranks use
 
 
-def ring_worker(rank, ports, sizes, reps):
+def ring_worker(rank, ports, sizes, reps, tls=None):
     import numpy as np
 
     from tfbarrier.exchange import Ring
@@ -27,7 +32,8 @@ def ring_worker(rank, ports, sizes, reps):
     listener = socket.socket()
     listener.bind(("127.0.0.1", ports[rank]))
     listener.listen(4)
-    ring = Ring.join(rank, [f"127.0.0.1:{p}" for p in ports], b"bench secret", listener)
+    ring = Ring.join(rank, [f"127.0.0.1:{p}" for p in ports], b"bench secret", listener, tls=tls)
+    assert (ring.encryption is not None) == (tls is not None), ring.encryption
     seconds = {}
     for size in sizes:
         buffer = np.ones(size, dtype=np.float32)
@@ -82,18 +88,23 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     sizes = [int(mb * 2**20 / 4) for mb in args.mb]
-    results = harness.rounds_of({kind: (lambda kind=kind: launch(kind, sizes, args.reps)) for kind in ("ring", "tf")},
+    from tfbarrier.job_tls import Credentials
+
+    with open(os.path.join(tempfile.mkdtemp(prefix="exchange-bench-"), "tls.pkl"), "wb") as f:
+        pickle.dump(Credentials.new(), f)
+    os.environ[TLS_FILE_ENV] = f.name
+    results = harness.rounds_of({kind: (lambda kind=kind: launch(kind, sizes, args.reps)) for kind in KINDS},
                                 args.rounds, log=print)
-    lines = ["| MB of float32 | exchange.py ring: median ms | TensorFlow RING: median ms | ring / TensorFlow |",
-             "|---|---|---|---|"]
+    lines = ["| MB of float32 | exchange.py ring: median ms | ring over TLS 1.3: median ms | TensorFlow RING: median ms "
+             "| TLS / plain ring | plain ring / TensorFlow |", "|---|---|---|---|---|---|"]
     for mb, size in zip(args.mb, sizes):
-        ring, tf = (statistics.median(r[size] for r in results[kind]) * 1000 for kind in ("ring", "tf"))
-        lines.append(f"| {mb:g} | {ring:,.1f} | {tf:,.1f} | {ring / tf:.2f} |")
+        ring, tls, tf = (statistics.median(r[size] for r in results[kind]) * 1000 for kind in KINDS)
+        lines.append(f"| {mb:g} | {ring:,.1f} | {tls:,.1f} | {tf:,.1f} | {tls / ring:.2f} | {ring / tf:.2f} |")
     body = ("## An all-reduce of our own against TensorFlow's\n\n"
             f"`{' '.join(['python bench/exchange_bench.py', *sys.argv[1:]])}`: two processes on loopback, "
             f"{args.reps} all-reduces per size after a warm-up, {args.rounds} rounds interleaved; the slower "
-            "rank's time. Both are called from Python, outside a training step: in a fit the ring would run "
-            "through tf.numpy_function (not measured yet).\n\n" + "\n".join(lines))
+            "rank's time. All are called from Python, outside a training step (bench/encryption_bench.py measures "
+            "TLS inside fits).\n\n" + "\n".join(lines))
     print(body)
     harness.write_section("exchange", body)
 
@@ -101,7 +112,12 @@ def main():
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
         kind, rank, ports, sizes, reps = sys.argv[2], int(sys.argv[3]), *map(json.loads, sys.argv[4:6]), int(sys.argv[6])
-        worker = ring_worker if kind == "ring" else tf_worker
-        print(json.dumps(worker(rank, ports, sizes, reps)), flush=True)
+        if kind == "tf":
+            seconds = tf_worker(rank, ports, sizes, reps)
+        else:
+            with open(os.environ[TLS_FILE_ENV], "rb") as f:
+                tls = pickle.load(f) if kind == "ring-tls" else None
+            seconds = ring_worker(rank, ports, sizes, reps, tls)
+        print(json.dumps(seconds), flush=True)
     else:
         main()
