@@ -17,6 +17,9 @@ The contenders are bench/fit_bench.py's, on the same workload (bench/workloads.p
   barrier job by hand            TF_CONFIG from the task addresses and fixed ports, its defaults
   one process on one host        the limit: one TensorFlow process at the global batch, no network,
                                  on host 0 (a namespace shares the machine's 2 cores: it has both)
+  Keras 3 native[, over TLS]     (only when named by --contenders: "native", "native-tls") the model
+                                 trained natively, its gradients over tfbarrier's ring, plain or over
+                                 TLS 1.3 (spark.tfbarrier.encrypt=always: what an encrypting cluster gets)
 
 Throughput is worker 0's samples/s over epochs 2.. (the first epoch's start-up left out). With 3
 hosts only tfbarrier's contenders run unless --peers-on-three (time). Each round runs every model,
@@ -25,6 +28,7 @@ link and contender once; min / median / max over the rounds. Writes the sections
 
     PYTHONPATH=build/bench-site .venv/bin/python bench/hosts_bench.py [--models cnn large]
         [--rates unshaped 10gbit 1gbit 100mbit] [--hosts 2 3] [--rounds 3] [--pack 1048576]
+        [--contenders default native native-tls --section=-encryption]
 """
 
 import argparse
@@ -58,6 +62,8 @@ DEFAULT, FP16, DISTRIBUTOR, BY_HAND = ("tfbarrier.fit (default)", "tfbarrier.fit
 PEERS = (DISTRIBUTOR, BY_HAND)
 LIMIT = "one process on one host (limit)"
 CONTENDERS = ("default", "fp16", "packs", "distributor", "by-hand", "limit")  # --contenders
+NATIVE = {"native": ("tfbarrier.fit, Keras 3 native", "auto"),  # name, spark.tfbarrier.encrypt
+          "native-tls": ("tfbarrier.fit, Keras 3 native over TLS", "always")}
 ON_THREE = ("default", "fp16", "packs")
 PACK = 1 << 20
 # tbf's bucket: 64 KB, one TCP segmentation-offload packet, as a NIC serializes onto its link. tbf's
@@ -107,7 +113,24 @@ def contenders(spark, df, job, keys, packs):
             runs[DISTRIBUTOR] = fit_bench.distributor(job)
         elif key == "by-hand":
             runs[BY_HAND] = fit_bench.barrier_by_hand(spark, job)
+        elif key in NATIVE:
+            name, encrypt = NATIVE[key]
+            runs[name] = with_conf(spark, fit_bench.tfbarrier_fit(df, job), {
+                "spark.tfbarrier.keras3Training": "native", "spark.tfbarrier.encrypt": encrypt})
     return runs
+
+
+def with_conf(spark, run, conf):
+    """``run`` with the session's ``conf`` set for its duration."""
+    def configured(clock):
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+        try:
+            return run(clock)
+        finally:
+            for key in conf:
+                spark.conf.unset(key)
+    return configured
 
 
 def measured_or_error(job, name, run, log):
@@ -217,15 +240,17 @@ def write(args, measured):
                + (f" --contenders {' '.join(args.contenders)}" if args.contenders != list(CONTENDERS) else "")
                + (f" --contenders-on-three {' '.join(args.contenders_on_three)}"
                   if args.contenders_on_three != list(ON_THREE) else "")
-               + (f" --packs {' '.join(map(str, args.packs))}" if args.packs != [PACK] else "") + "`")
-    body = ("## Shaped links: what tc tbf delivers\n\n"
+               + (f" --packs {' '.join(map(str, args.packs))}" if args.packs != [PACK] else "")
+               + (f" --section={args.section}" if args.section else "") + "`")
+    title = f" ({args.section.strip('-')})" if args.section else ""
+    body = (f"## Shaped links: what tc tbf delivers{title}\n\n"
             f"{command}: one TCP stream of about a second from host 0 to host 1 (two network namespaces on a "
             "bridge, `hosts.transfer_rate`), each host's link shaped with `tc tbf` in both directions, 3 times "
             "per setting.\n\n" + links_table(links))
-    harness.write_section("hosts-links", body)
+    harness.write_section("hosts-links" + args.section, body)
     print(body)
     for model in args.models:
-        intro = (f"## Shaped links, {model} model: samples/s across hosts\n\n"
+        intro = (f"## Shaped links, {model} model: samples/s across hosts{title}\n\n"
                  f"{command}: a Spark standalone worker of one slot per host (network namespaces on a bridge, "
                  "tests/python/support/hosts.py), the driver on the bridge; per-worker batch "
                  f"{args.batch}, {args.steps or STEPS[model]} steps x {args.epochs} epochs of random 28x28 "
@@ -239,7 +264,7 @@ def write(args, measured):
             if model in by_model:
                 parts.append(f"{workers} hosts, one worker each:\n\n" + model_table(by_model[model], links))
         body = "\n\n".join(parts)
-        harness.write_section(f"hosts-{model}", body)
+        harness.write_section(f"hosts-{model}{args.section}", body)
         print(body)
 
 
@@ -253,12 +278,14 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="steps per epoch (default: cnn 40, large 12)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--packs", type=int, nargs="+", default=[PACK], help="bytes_per_pack of the packs contenders")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS), help="on 2 hosts")
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS + tuple(NATIVE), default=list(CONTENDERS),
+                        help="on 2 hosts")
     parser.add_argument("--contenders-on-three", nargs="+", choices=CONTENDERS, default=list(ON_THREE),
                         help="on 3 hosts (default: tfbarrier's, for time)")
     parser.add_argument("--burst", type=int, default=BURST, help="tbf's bucket in bytes (0: 10 ms at the rate)")
     parser.add_argument("--links-only", action="store_true", help="only measure what tbf delivers (no Spark)")
     parser.add_argument("--out", default=OUT, help="where every measurement goes (JSON)")
+    parser.add_argument("--section", default="", help="a suffix of the bench/README.md sections written")
     args = parser.parse_args()
     available, why_not = hosts.available()
     if not available:
