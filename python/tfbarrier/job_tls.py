@@ -16,7 +16,7 @@ import threading
 
 from . import settings
 
-LIFETIME = datetime.timedelta(days=7)  # longer than any job; the certificate dies with the job anyway
+LIFETIME = datetime.timedelta(days=3650)  # outlives any job (its retries too): the key dies with the job anyway
 
 
 class Credentials:
