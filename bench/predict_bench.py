@@ -1,6 +1,8 @@
 """Rows/s and memory of distributed scoring, side by side in one run: tfbarrier.predict on local[2]
 (class probabilities, and output="features") against model.predict in one plain process scoring the same
-rows and pyspark's predict_batch_udf (for the CNN), same batch size, interleaved round by round. Two models: the
+rows and pyspark's predict_batch_udf (for the CNN), same batch size, interleaved round by round; and the floor:
+the same rows through tfbarrier.predict's own UDF, read into numpy as predict reads them, zeros returned as
+scores, no model (what moving the rows through Spark costs on these cores). Two models: the
 slides' CNN on 28x28 images, and a 61 M-parameter MLP (1024 inputs, two hidden layers of 7,310 units:
 the large model of bench/memory_estimate_bench.py).
 
@@ -112,7 +114,29 @@ def spark_contenders(spark, name, model, path, count, batch_size):
     if name == "cnn":
         runs[f"{name}: predict_batch_udf (local[2])"] = lambda: scored(
             df.withColumn("prediction", _peer(path, name, batch_size)("x")))
+    runs[f"{name}: floor, tfbarrier.predict without the model (local[2])"] = lambda: scored(floor(df, 10))
     return runs
+
+
+def floor(df, units):
+    """``df`` through tfbarrier.predict's own UDF, its rows read into numpy as predict reads them and ``units``
+    zeros a row returned as predict returns scores, the model left out: what moving the rows costs."""
+    from pyspark.sql import functions as F
+
+    from tfbarrier import inference
+    from tfbarrier.layouts import layout as features_layout
+    from tfbarrier.stored_forms import stored_form
+
+    layout = features_layout(df.schema, "x", scoring=True)
+
+    def score(batches):
+        for batch in batches:
+            x = layout.x(batch)
+            rows = stored_form(x.type).to_numpy(x)
+            yield inference._column(np.zeros((len(rows), units), np.float32), "probabilities")
+
+    udf = inference._scoring_udf(score, "array<float>")
+    return df.withColumn("prediction", udf(F.struct(*layout.feature_projection(df.sparkSession))))
 
 
 def _peer(path, name, batch_size):
