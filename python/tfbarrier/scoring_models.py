@@ -3,9 +3,9 @@
 The model travels as its config and a weights file (model_spec.py) that the driver serves for as
 long as it runs (transfer.session_server): each executor host fetches the file once into its
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
-worker rebuilds the model once and keeps the last _CACHE_SIZE. Where the driver cannot serve files
-(``spark.tfbarrier.driverLink=false``, or it cannot listen on its address), Spark encrypts its traffic (the
-link does not), or the session is attached to another program's JVM (attach.py: that program computes the
+worker rebuilds the model once and keeps the last _CACHE_SIZE. Where Spark encrypts its traffic, so does
+the link (TLS, job_tls.py). Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``, or it
+cannot listen on its address), or the session is attached to another program's JVM (attach.py: that program computes the
 predictions, maybe while this process runs no Python, or after it is gone), the weights go in a Spark
 broadcast. A Keras 3 model's own classes and functions go along, cloudpickled (native_model.py).
 
@@ -21,7 +21,7 @@ import tempfile
 
 import cloudpickle
 
-from . import atomic, cluster, driver_link, native_model, transfer
+from . import atomic, cluster, driver_link, job_tls, native_model, transfer
 from .attach import is_attached
 from .errors import ClusterError
 from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
@@ -44,9 +44,9 @@ def scoring_model(spark, model):
         write_weights(model.weights, path)
 
     source = None
-    if cluster.driver_link_enabled(spark) and not cluster.encryption_enabled(spark) and not is_attached(spark):
-        try:
-            files, server = transfer.session_server(cluster.driver_host(spark))
+    if cluster.driver_link_enabled(spark) and not is_attached(spark):
+        try:  # over TLS where the job's traffic must be encrypted (job_tls.py)
+            files, server = transfer.session_server(cluster.driver_host(spark), encrypted=job_tls.required(spark))
             source = {"endpoint": server.endpoint, "payload": files.add_file(name, write)}
         except OSError:
             source = None

@@ -206,25 +206,27 @@ class SessionFiles(JobFiles):
         return None  # nothing comes back to these
 
 
-_session = {}  # host -> (SessionFiles, DriverServer) of this driver process
+_session = {}  # (host, encrypted) -> (SessionFiles, DriverServer) of this driver process
 _session_lock = threading.Lock()
 
 
-def session_server(host):
-    """(SessionFiles, the DriverServer on ``host`` serving them), started on first use and closed when
-    the driver process exits. Raises OSError when the driver cannot listen on ``host``."""
+def session_server(host, encrypted=False):
+    """(SessionFiles, the DriverServer on ``host`` serving them, over TLS when ``encrypted``), started on
+    first use and closed when the driver process exits. Raises OSError when the driver cannot listen on
+    ``host``."""
     import atexit
 
     from .driver_link import DriverServer
+    from .job_tls import Credentials
 
     with _session_lock:
-        if host not in _session:
+        if (host, encrypted) not in _session:
             files = SessionFiles()
             try:
-                server = DriverServer(host, files=files)
+                server = DriverServer(host, files=files, tls=Credentials.new() if encrypted else None)
             except OSError:
                 files.close()
                 raise
-            _session[host] = files, server
+            _session[host, encrypted] = files, server
             atexit.register(lambda: (server.close(), files.close()))
-        return _session[host]
+        return _session[host, encrypted]

@@ -142,6 +142,23 @@ def test_predict_serves_the_model_to_the_executors_through_the_driver_link_not_s
     assert predicted(scored, wide_model)
 
 
+def test_where_tfbarriers_traffic_is_encrypted_predict_serves_the_model_over_tls_not_spark(spark, digits_df,
+                                                                                          wide_model):
+    # spark.tfbarrier.encrypt=always stands in for a cluster that encrypts (spark.network.crypto.enabled is a
+    # setting a session starts with): the model went in a broadcast there before, now through a TLS link
+    spark.conf.set("spark.tfbarrier.encrypt", "always")
+    try:
+        with what_spark_gets(spark) as got:
+            scored = tfbarrier.predict(digits_df.limit(8), wide_model, features="pixels").toPandas()
+    finally:
+        spark.conf.unset("spark.tfbarrier.encrypt")
+    files, server = transfer.session_server(cluster.driver_host(spark), encrypted=True)
+    assert got.functions and got.broadcasts == [] and got.largest() < 64 * KB, got
+    assert server.tls is not None and server.endpoint["tls"].certificate.startswith(b"-----BEGIN CERTIFICATE")
+    assert any(entry.name.endswith("scoring.safetensors") for entry in os.scandir(files.directory))
+    assert server.rejected == 0 and predicted(scored, wide_model)
+
+
 def test_predict_writes_a_models_weights_on_the_driver_once_and_again_only_when_they_change(spark, digits_df,
                                                                                             wide_model):
     # Each predict() wrote the weights again and put the file in place of the same one: for a 61 M-parameter
