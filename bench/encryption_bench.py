@@ -70,14 +70,7 @@ def main():
     body = ["## What encryption costs", "",
             f"Run by `.venv/bin/python bench/encryption_bench.py --rounds {args.rounds} --models "
             f"{' '.join(args.models)}` (see its docstring)."]
-    for name in args.models:
-        df, rows = paths.frame(spark, name)
-        contenders = {how: contender(spark, df, rows, name, how) for how in SETTINGS}
-        for run in contenders.values():  # warm-up: spares, Spark's and TensorFlow's first-time costs
-            run()
-        results = harness.rounds_of(contenders, args.rounds, log=print)
-        body.append(section(name, results, args.rounds))
-        print(body[-1], flush=True)
+    body += paths.measured_sections(spark, args.models, args.rounds, contender, SETTINGS, section)
     harness.write_section("encryption", "\n\n".join(body))
 
 

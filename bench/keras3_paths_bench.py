@@ -96,6 +96,21 @@ def section(name, results, rounds):
     return "\n".join(lines)
 
 
+def measured_sections(spark, models, rounds, contender, kinds, section):
+    """Per model: ``contender(spark, df, rows, model, kind)`` for each of ``kinds``, one warm-up fit of each,
+    then ``rounds`` interleaved rounds; ``section(model, results, rounds)``'s table, printed as it comes."""
+    sections = []
+    for name in models:
+        df, rows = frame(spark, name)
+        contenders = {kind: contender(spark, df, rows, name, kind) for kind in kinds}
+        for run in contenders.values():  # warm-up: spares, Spark's and TensorFlow's first-time costs
+            run()
+        results = harness.rounds_of(contenders, rounds, log=print)
+        sections.append(section(name, results, rounds))
+        print(sections[-1], flush=True)
+    return sections
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -104,14 +119,7 @@ def main():
     spark = harness.local_spark()
     body = ["Run by `.venv/bin/python bench/keras3_paths_bench.py --rounds "
             f"{args.rounds} --models {' '.join(args.models)}` (see its docstring)."]
-    for name in args.models:
-        df, rows = frame(spark, name)
-        contenders = {path: contender(spark, df, rows, name, path) for path in PATHS}
-        for run in contenders.values():  # warm-up: spares, Spark's and TensorFlow's first-time costs
-            run()
-        results = harness.rounds_of(contenders, args.rounds, log=print)
-        body.append(section(name, results, args.rounds))
-        print(body[-1], flush=True)
+    body += measured_sections(spark, args.models, args.rounds, contender, PATHS, section)
     harness.write_section("keras3-paths", "\n\n".join(body))  # under its heading and reading, written by hand
 
 

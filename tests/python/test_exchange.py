@@ -53,6 +53,23 @@ def in_threads(n, work, secrets=None, timeout=10.0, tls=None):
     return results
 
 
+def two_ranks_sum(socks, addresses, tls=None, timeout=10):
+    """Ranks 0 and 1 join on ``socks`` and sum [1.0] and [2.0]: each rank's sum, as a list."""
+    results = [None, None]
+
+    def rank(i):
+        ring = Ring.join(i, addresses, SECRET, socks[i], timeout=timeout, tls=tls)
+        results[i] = ring.all_reduce_sum(np.array([i + 1.0])).tolist()
+        ring.close()
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return results
+
+
 @pytest.mark.parametrize("n, length, dtype", [(1, 5, "int64"), (2, 7, "int64"), (3, 2, "int64"), (4, 1001, "int64"),
                                               (3, 50, "float32")])
 def test_the_ring_sums_every_ranks_array_on_every_rank(n, length, dtype):
@@ -82,20 +99,10 @@ def test_a_stranger_gets_nothing_and_the_ring_forms_anyway():
     intruder = threading.Thread(target=stranger)
     intruder.start()
     assert connected.wait(10)
-    results = [None, None]
-
-    def rank(i):
-        ring = Ring.join(i, addresses, SECRET, socks[i], timeout=10)
-        results[i] = ring.all_reduce_sum(np.array([i + 1.0]))
-        ring.close()
-
-    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads + [intruder]:
-        thread.join(30)
+    results = two_ranks_sum(socks, addresses)
+    intruder.join(30)
     assert heard == {"nonce": NONCE_BYTES, "after": b""}
-    assert [r.tolist() for r in results] == [[3.0], [3.0]]
+    assert results == [[3.0], [3.0]]
 
 
 def test_a_peer_with_another_secret_is_refused_in_words_on_both_sides():
@@ -164,22 +171,13 @@ def test_strangers_get_nothing_from_an_encrypted_ring_which_forms_anyway():
     strangers[0].start()
     assert arrived.acquire(timeout=10)
     strangers[1].start()
-    results = [None, None]
-
-    def rank(i):
-        ring = Ring.join(i, addresses, SECRET, socks[i], timeout=10, tls=job)
-        results[i] = ring.all_reduce_sum(np.array([i + 1.0]))
-        ring.close()
-
-    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
     time.sleep(0.5)  # the TLS stranger is in rank 0's backlog before rank 1 connects
-    for thread in threads:
-        thread.start()
-    for thread in threads + strangers:
-        thread.join(30)
+    results = two_ranks_sum(socks, addresses, tls=job)
+    for stranger in strangers:
+        stranger.join(30)
     assert not heard["plain"].startswith(b"\x00" * 4) and len(heard["plain"]) < NONCE_BYTES, heard
     assert heard["tls nonce"] == NONCE_BYTES and heard["tls after"] == b"", heard
-    assert [r.tolist() for r in results] == [[3.0], [3.0]]
+    assert results == [[3.0], [3.0]]
 
 
 def test_a_peer_with_another_jobs_certificate_is_refused_in_words_naming_tls():
@@ -199,18 +197,7 @@ def test_a_silent_stranger_holding_a_connection_open_does_not_delay_the_ring(tls
             socket.create_connection(socks[1].getsockname(), timeout=10):  # first in both backlogs, then quiet
         time.sleep(0.2)
         started = time.monotonic()
-        results = [None, None]
-
-        def rank(i):
-            ring = Ring.join(i, addresses, SECRET, socks[i], timeout=20, tls=tls)
-            results[i] = ring.all_reduce_sum(np.array([i + 1.0]))
-            ring.close()
-
-        threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        results = two_ranks_sum(socks, addresses, tls=tls, timeout=20)
         took = time.monotonic() - started
-    assert [r.tolist() for r in results] == [[3.0], [3.0]]
+    assert results == [[3.0], [3.0]]
     assert took < 3, f"the ring waited {took:.1f} s behind a stranger (admission's per-connection wait is 5 s)"
