@@ -291,7 +291,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     with transfer.JobFiles() as files:
         spark = data.sparkSession
         spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
-                                         named=layout.named, encrypted=job_tls.required(spark))
+                                         named=layout.named,
+                                         encrypted=job_tls.required(spark) and not allow_unencrypted)
         if getattr(spec, "native", False):
             _native_options(communication, class_weight if layout.outputs else None)
         callbacks = checks.callbacks_function(callbacks)

@@ -258,19 +258,6 @@ def encryption_enabled(spark):
     return [key for key in ENCRYPTION_CONFS if str(spark.conf.get(key, "false")).lower() == "true"]
 
 
-def check_encryption(spark, allow_unencrypted):
-    """Refuse a job whose workers talk over TensorFlow's gRPC (not encrypted) in a cluster configured for
-    encryption, unless the user opted in. tfbarrier's own traffic is encrypted there (job_tls.py)."""
-    enabled = encryption_enabled(spark)
-    if enabled and not allow_unencrypted:
-        raise ClusterError(
-            f"{' and '.join(enabled)} is on, but TensorFlow's gRPC traffic between the workers (gradients, "
-            "weights) is not encrypted: a tf_keras model trains under MultiWorkerMirroredStrategy, and run() and "
-            "apply() hand the workers a TF_CONFIG for it (a Keras 3 model trains over tfbarrier's own encrypted "
-            "ring instead). Run on a trusted network and pass allow_unencrypted=True to accept that"
-        )
-
-
 def context_alive(spark):
     """False once the SparkContext was shut down or its JVM is gone (classic sessions; Connect: True)."""
     if is_connect(spark):

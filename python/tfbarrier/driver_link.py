@@ -2,11 +2,13 @@
 address (``DriverServer``) and each task's connection to it (``DriverLink``).
 
 A task connects back, sends the job's secret token first (a connection without it is closed), then
-JSON lines, each a message with a ``kind`` and the task's ``worker`` index. Most are one way: events,
-progress and log lines, which the server keeps (``events``) and hands to ``on_message`` (the progress
-display). A request (``DriverLink.request``, the rendezvous) gets one line back from the handler of
-its kind. Messages are a convenience, never a dependency: a task that cannot reach the driver trains
-on, its sends do nothing and its requests answer None.
+JSON lines, each a message with a ``kind`` and the task's ``worker`` index, one way: events, progress
+and log lines, which the server keeps (``events``) and hands to ``on_message`` (the progress display).
+A request (``DriverLink.request``, the rendezvous) goes on a connection of its own and gets one line back
+from the handler of its kind, which may answer from another thread: that connection's own thread writes
+the answer, so no connection is ever read and written at once (a TLS socket must not be). Messages are a
+convenience, never a dependency: a task that cannot reach the driver trains on, its sends do nothing and
+its requests answer None.
 
 With the job's TLS credentials (job_tls.py: the cluster encrypts), every connection is TLS from its first
 byte, the token inside; a connection whose handshake fails counts as refused, like a wrong token.
@@ -14,7 +16,7 @@ byte, the token inside; a connection whose handshake fails counts as refused, li
 Files go over connections of their own, the token first as well: ``fetch`` streams a file the
 server offers (the model's weights, transfer.py) into a file of the task's, ``put`` streams a task's
 file (the trained weights) into one the server takes. Neither holds a file in memory: the driver
-sends from disk (``socket.sendfile``) and both sides write as the bytes come.
+sends from disk (``socket.sendfile``, a read-and-send loop over TLS) and both sides write as the bytes come.
 """
 
 import contextlib
@@ -22,7 +24,9 @@ import json
 import os
 import secrets
 import socket
+import queue
 import socketserver
+import ssl
 import sys
 import threading
 import time
@@ -55,8 +59,14 @@ class _Handler(socketserver.StreamRequestHandler):
             self._send_file(server.files, hello["fetch"])
         elif "put" in hello:
             self._receive_file(server.files, hello["put"], hello.get("size"))
+        elif isinstance(hello.get("request"), dict):
+            self._answer_request(server, hello["request"])
         else:
             self._messages(server)
+
+    def finish(self):
+        super().finish()
+        self.request.close()  # the TLS socket (the server closes only the plain one it accepted)
 
     def _send_file(self, files, name):
         path = files.served(name) if files is not None else None
@@ -74,6 +84,14 @@ class _Handler(socketserver.StreamRequestHandler):
             return
         _copy(self.rfile, path, size)
         self._reply({"received": size})
+
+    def _answer_request(self, server, message):
+        answers = queue.Queue(maxsize=1)
+        server.dispatch(message, answers.put)
+        try:
+            self._reply(answers.get(timeout=settings.REQUEST_ANSWER_TIMEOUT))
+        except queue.Empty:
+            pass  # the job ended unanswered: closing the connection tells the task
 
     def _messages(self, server):
         for line in self.rfile:
@@ -95,9 +113,9 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], OSError):
-            super().handle_error(request, client_address)
-        self.owner.rejected += 1  # a failed TLS handshake (an SSLError), or a task gone mid-message
+        if not isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)  # the driver's own trouble (a full disk...): printed
+        self.owner.rejected += 1  # a failed TLS handshake, or a task gone mid-message
 
 
 class DriverServer:
@@ -154,21 +172,23 @@ class DriverLink:
         self._closed = threading.Event()  # stops the log followers
         self._followers = []
         self._endpoint = endpoint
-        self._sock = self._replies = None
+        self._sock = None
         if not endpoint:
             return
         try:
             self._sock = _connect(endpoint)
             self._sock.settimeout(None)
             self._sock.sendall(json.dumps({"token": endpoint["token"]}).encode() + b"\n")
-            self._replies = self._sock.makefile("rb")
         except OSError:
             self._sock = None
+
+    def _message(self, kind, fields):
+        return {"kind": kind, "worker": self.worker, "sent_at": time.time(), **fields}
 
     def send(self, kind, **fields):
         if self._sock is None:
             return
-        line = json.dumps({"kind": kind, "worker": self.worker, "sent_at": time.time(), **fields}).encode() + b"\n"
+        line = json.dumps(self._message(kind, fields)).encode() + b"\n"
         with self._lock:
             try:
                 self._sock.sendall(line)
@@ -176,15 +196,16 @@ class DriverLink:
                 self._sock = None
 
     def request(self, kind, **fields):
-        """Send a request and wait for the driver's one-line answer (its handler must answer); None when
-        the driver cannot be reached. One request at a time per link."""
+        """Send a request on a connection of its own and wait for the driver's one-line answer (its
+        handler must answer); None when the driver cannot be reached or did not answer."""
         if self._sock is None:
             return None
-        self.send(kind, **fields)
         try:
-            line = self._replies.readline()
+            with _file_connection(self._endpoint, request=self._message(kind, fields)) as (sock, answers):
+                sock.settimeout(settings.REQUEST_ANSWER_TIMEOUT)
+                line = answers.readline()
             return json.loads(line) if line else None
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             return None
 
     def event(self, name, **fields):

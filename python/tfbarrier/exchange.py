@@ -15,6 +15,7 @@ import hmac
 import queue
 import secrets
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -28,6 +29,7 @@ NONCE_BYTES = 32
 LOST_PEER = "lost in the ring: "  # begins the message of every failure for want of a peer
 _HELLO = struct.Struct("!I")  # the connecting process's rank
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
+RETRY = "retry"  # _greet: connect again until the deadline
 
 
 def _proof(secret, label, *parts):
@@ -69,13 +71,16 @@ def _introduce(sock, secret, rank):
 
 def _greet(sock, credentials, rank):
     """The connecting side's TLS (with ``credentials``' job_tls.Credentials) and proof of the secret:
-    (the socket, None), or (it, why the peer is not this job's)."""
+    (the socket, None), (it, why the peer is not this job's), or (it, RETRY) when the TLS handshake failed
+    otherwise (the peer went away, or it is not speaking TLS: not yet the job's process there)."""
     secret, tls = credentials
     try:
         if tls is not None:
             sock = tls.client(sock)
-    except OSError as exc:
-        return sock, f"did not complete TLS with the job's certificate ({type(exc).__name__}: {exc})"
+    except ssl.SSLCertVerificationError as exc:
+        return sock, f"did not present the job's certificate ({exc.verify_message})"
+    except OSError:
+        return sock, RETRY
     try:
         if _introduce(sock, secret, rank):
             return sock, None
@@ -97,8 +102,8 @@ class _Admission:
 
     def _accept(self):
         while not self._admitted.is_set() and time.monotonic() < self._deadline:
-            self._listener.settimeout(min(0.2, max(0.01, self._deadline - time.monotonic())))
-            try:
+            try:  # the listener may close (the ring made) at any moment
+                self._listener.settimeout(min(0.2, max(0.01, self._deadline - time.monotonic())))
                 conn, _ = self._listener.accept()
             except socket.timeout:
                 continue
@@ -192,6 +197,10 @@ class Ring:
             if why is None:
                 return sock
             sock.close()
+            if why is RETRY:
+                last = "the TLS handshake failed"
+                time.sleep(0.05)
+                continue
             raise WorkerError(f"the next worker in the ring, at {address}, {why}: are both of this job?")
         raise WorkerError(f"could not reach the next worker in the ring at {address} within the ring's timeout: {last}",
                           retryable=True)

@@ -15,6 +15,7 @@ import tempfile
 import threading
 
 from . import settings
+from .errors import ClusterError
 
 LIFETIME = datetime.timedelta(days=3650)  # outlives any job (its retries too): the key dies with the job anyway
 
@@ -38,7 +39,8 @@ class Credentials:
         now = datetime.datetime.now(datetime.timezone.utc)
         certificate = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
                        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                       .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + LIFETIME)
+                       .not_valid_before(now - datetime.timedelta(days=1))  # executors' clocks may lag
+                       .not_valid_after(now + LIFETIME)
                        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
                        .sign(key, hashes.SHA256()))
         return cls(certificate.public_bytes(serialization.Encoding.PEM),
@@ -92,28 +94,36 @@ class Credentials:
 def describe(sock):
     """How ``sock`` is encrypted: its TLS version and cipher ("TLSv1.3 TLS_AES_256_GCM_SHA384"), or None."""
     cipher = getattr(sock, "cipher", None)
-    return None if cipher is None else "{1} {0}".format(*cipher())
+    used = cipher() if cipher is not None else None  # None also once the socket closed
+    return None if used is None else f"{used[1]} {used[0]}"
 
 
-def required(spark):
-    """Whether a job's own traffic must be encrypted: Spark encrypts its own (ENCRYPTION_CONFS), or
-    spark.tfbarrier.encrypt is "always"."""
+def reasons(spark):
+    """Why a job's own traffic must be encrypted: the settings of ENCRYPTION_CONFS that are on (Spark
+    encrypts its own), and spark.tfbarrier.encrypt=always; empty when it need not be."""
     from .cluster import encryption_enabled
-    from .errors import ClusterError
 
     setting = str(spark.conf.get(settings.ENCRYPT_CONF, "auto")).strip().lower()
     if setting not in ("auto", "always"):
         raise ClusterError(f"{settings.ENCRYPT_CONF} must be 'auto' (encrypt when Spark does) or 'always', "
                            f"got {setting!r}")
-    return setting == "always" or bool(encryption_enabled(spark))
+    return encryption_enabled(spark) + ([f"{settings.ENCRYPT_CONF}=always"] if setting == "always" else [])
+
+
+def required(spark):
+    """Whether a job's own traffic must be encrypted (``reasons``)."""
+    return bool(reasons(spark))
 
 
 def for_job(spark, allow_unencrypted, tensorflow_server):
-    """The Credentials a job's own traffic is encrypted with, or None when it need not be (``required``).
-    Refuses a job whose workers talk over TensorFlow's gRPC, which nothing here encrypts, in a cluster that
-    encrypts, unless the user accepted that with ``allow_unencrypted``."""
-    from .cluster import check_encryption
-
-    if tensorflow_server:
-        check_encryption(spark, allow_unencrypted)
-    return Credentials.new() if required(spark) else None
+    """The Credentials a job's own traffic is encrypted with, or None when it need not be (``reasons``).
+    Refuses a job whose workers talk over TensorFlow's gRPC (``tensorflow_server``), which nothing here
+    encrypts, where traffic must be encrypted, unless the user accepted that with ``allow_unencrypted``."""
+    why = reasons(spark)
+    if why and tensorflow_server and not allow_unencrypted:
+        raise ClusterError(
+            f"{' and '.join(why)} is on, but TensorFlow's gRPC traffic between the workers (gradients, weights) "
+            "is not encrypted: a tf_keras model trains under MultiWorkerMirroredStrategy, and run() and apply() "
+            "hand the workers a TF_CONFIG for it (a Keras 3 model trains over tfbarrier's own encrypted ring "
+            "instead). Run on a trusted network and pass allow_unencrypted=True to accept that")
+    return Credentials.new() if why else None

@@ -63,6 +63,7 @@ CONNECT_TIMEOUT = 5.0  # for a task to connect to the driver's link
 TRANSFER_IDLE_TIMEOUT = 120.0  # a file streaming over the driver link with no byte for this long has failed
 LOG_DRAIN = 2.0  # for a closing task to send its training process's last log lines to the driver
 RENDEZVOUS_WAIT = 30.0  # from a rendezvous' first arrival until every task falls back to Spark's allGather
+REQUEST_ANSWER_TIMEOUT = RENDEZVOUS_WAIT + 30.0  # a driver link request's answer (the rendezvous') comes by then
 BUILD_TIMEOUT = 1800  # for one pip run, and for waiting on another task's environment build
 PEER_PROBE_TIMEOUT = 2.0  # for a peer's host to answer a worker whose collective aborted, before it counts as lost
 REPLACEMENT_WAIT = 60.0  # before a retry after a lost worker, for the cluster to have num_workers free slots again
