@@ -61,7 +61,9 @@ def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retrie
     server = _open_link(frame.sparkSession, display, meeting, files, job.tls)
     if server is None:
         job = transfer.with_payloads_inline(job, files)
-    job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose)
+    # the key goes only where a training process listens for its ring (a native fit): the rest only connect
+    tls = job.tls.pinned() if job.tls is not None and job.tensorflow_server else job.tls
+    job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose, tls=tls)
     try:
         results, attempts = submit_with_retries(frame, job, files, display, max_retries=max_retries, timeout=timeout,
                                                 num_workers=num_workers, meeting=meeting)
@@ -74,8 +76,8 @@ def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retrie
 
 
 def _open_link(spark, display, meeting, files, tls):
-    """The DriverServer of the job (over TLS with ``tls``), or None when spark.tfbarrier.driverLink is false or the driver cannot
-    listen on its address (a remote Connect session)."""
+    """The DriverServer of the job (over TLS with ``tls``), or None when spark.tfbarrier.driverLink is
+    false or the driver cannot listen on its address (a remote Connect session)."""
     if not cluster.driver_link_enabled(spark):
         return None
     host = cluster.driver_host(spark)
