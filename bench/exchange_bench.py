@@ -114,10 +114,11 @@ if __name__ == "__main__":
         kind, rank, ports, sizes, reps = sys.argv[2], int(sys.argv[3]), *map(json.loads, sys.argv[4:6]), int(sys.argv[6])
         if kind == "tf":
             seconds = tf_worker(rank, ports, sizes, reps)
-        else:
+        elif kind == "ring-tls":
             with open(os.environ[TLS_FILE_ENV], "rb") as f:
-                tls = pickle.load(f) if kind == "ring-tls" else None
-            seconds = ring_worker(rank, ports, sizes, reps, tls)
+                seconds = ring_worker(rank, ports, sizes, reps, pickle.load(f))
+        else:
+            seconds = ring_worker(rank, ports, sizes, reps)
         print(json.dumps(seconds), flush=True)
     else:
         main()

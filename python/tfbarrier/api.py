@@ -5,7 +5,8 @@ barrier stage (stage.run)."""
 import random
 import time
 
-from . import checks, cluster, fit_job, gpus, job_tls, memory, native_model, parquet_source, settings, stage, tracking, transfer
+from . import (checks, cluster, fit_job, gpus, job_tls, memory, native_model, parquet_source, settings, stage,
+               tracking, transfer)
 from .environment import PythonEnv
 from .errors import InvalidArgumentError
 from .layouts import layout as features_layout

@@ -22,9 +22,9 @@ sends from disk (``socket.sendfile``, a read-and-send loop over TLS) and both si
 import contextlib
 import json
 import os
+import queue
 import secrets
 import socket
-import queue
 import socketserver
 import ssl
 import sys

@@ -4,10 +4,10 @@ How a Keras 3 model's workers exchange gradients (native_training.py; docs/gradi
 Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
 after both sides proved that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a
 stranger sends is read as data and a recorded exchange cannot be replayed). With the job's TLS credentials
-(job_tls.py: the cluster encrypts), each connection is TLS first and the proofs go inside it. ``Ring.all_reduce_sum`` sums equal-shaped numpy
-arrays across the ring: reduce-scatter, then all-gather, each process sending 2 (n - 1) / n of the
-array's bytes. A failure is a WorkerError, retryable when a peer is missing or went silent, not when a
-peer cannot prove that it belongs to the job.
+(job_tls.py: the cluster encrypts), each connection is TLS first and the proofs go inside it.
+``Ring.all_reduce_sum`` sums equal-shaped numpy arrays across the ring: reduce-scatter, then all-gather, each
+process sending 2 (n - 1) / n of the array's bytes. A failure is a WorkerError, retryable when a peer is
+missing or went silent, not when a peer cannot prove that it belongs to the job.
 """
 
 import hashlib
