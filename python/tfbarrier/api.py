@@ -13,6 +13,7 @@ from .layouts import layout as features_layout
 from .fit_job import VALIDATION_COLUMN, FitJob
 from .job import ApplyJob, RunJob, pickle_user_code
 from .results import FitResult
+from .communication import RING
 from .settings import STALL_TIMEOUT
 
 PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
@@ -291,30 +292,39 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     with transfer.JobFiles() as files:
         spark = data.sparkSession
+        encrypted = job_tls.required(spark) and not allow_unencrypted
         spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
-                                         named=layout.named,
-                                         encrypted=job_tls.required(spark) and not allow_unencrypted)
+                                         named=layout.named, encrypted=encrypted)
         if getattr(spec, "native", False):
             _native_options(communication, class_weight if layout.outputs else None)
+        ring = _over_ring(spec, training["communication"], encrypted)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
         basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads,
-                                              tensorflow_server=not getattr(spec, "native", False))
-        gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
+                                              tensorflow_server=not ring)
+        gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker, ring)
         memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
         job = FitJob(model=spec, layout=layout, source=source,
                      callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get),
+                     checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), ring=ring,
                      **training, **held_out_and_saved, **basics)
         return _run_fit(frame, job, model, files, num_workers, staging, tracked)
+
+
+def _over_ring(spec, communication, encrypted):
+    """Whether a fit trains over tfbarrier's authenticated ring rather than MultiWorkerMirroredStrategy: a
+    native Keras 3 model always, a tf_keras one when asked (``implementation="tfbarrier"``) or when its
+    traffic must be ``encrypted`` (the implementation left at "auto")."""
+    implementation = (communication or {}).get("implementation", "auto")
+    return getattr(spec, "native", False) or implementation == RING or (implementation == "auto" and encrypted)
 
 
 def _native_options(communication, class_weight_of_outputs):
     """Refuse what a Keras 3 model that trains natively cannot have yet."""
     native_model.check_options(
-        **{"communication['implementation']": ((communication or {}).get("implementation", "auto") != "auto",
+        **{"communication['implementation']": ((communication or {}).get("implementation", "auto") not in ("auto", RING),
                                                  "leave it out: the gradients travel over tfbarrier's ring"),
            "class_weight with a label per output": (class_weight_of_outputs, "give a sample_weight column instead")})
 

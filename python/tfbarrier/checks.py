@@ -8,7 +8,7 @@ import inspect
 import numbers
 import os
 
-from .communication import COMPRESSIONS
+from .communication import COMPRESSIONS, IMPLEMENTATIONS
 from .errors import ColumnError, InvalidArgumentError
 from .layouts import layout as features_layout
 from .job import pickle_user_code
@@ -168,7 +168,7 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
 
 
 COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one all-reduce)",
-                      "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'ring' or 'nccl'",
+                      "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'tfbarrier', 'ring' or 'nccl'",
                       "compression": " or ".join(map(repr, COMPRESSIONS))}
 
 
@@ -186,9 +186,9 @@ def communication(options):
         options["bytes_per_pack"] = non_negative_int("communication['bytes_per_pack']", options["bytes_per_pack"])
     if "timeout_seconds" in options:
         options["timeout_seconds"] = positive_seconds("communication['timeout_seconds']", options["timeout_seconds"])
-    if options.get("implementation", "auto") not in ("auto", "ring", "nccl"):
-        raise InvalidArgumentError(f"communication['implementation'] must be 'auto', 'ring' or 'nccl', got "
-                                   f"{options['implementation']!r}")
+    if options.get("implementation", "auto") not in IMPLEMENTATIONS:
+        raise InvalidArgumentError(f"communication['implementation'] must be {COMMUNICATION_KEYS['implementation']}, "
+                                   f"got {options['implementation']!r}")
     if options.get("compression", "none") not in COMPRESSIONS:
         raise InvalidArgumentError(f"communication['compression'] must be {COMMUNICATION_KEYS['compression']} "
                                    f"(gradients all-reduced in float16), got {options['compression']!r}")

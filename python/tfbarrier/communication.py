@@ -1,8 +1,9 @@
 """What the workers exchange: fit's ``communication`` argument, in the training process, and the
 variables' initial values.
 
-- ``bytes_per_pack``, ``timeout_seconds`` and ``implementation`` are tf.distribute's
-  CommunicationOptions, given to MultiWorkerMirroredStrategy as they are; ``bytes_per_pack`` is
+- ``implementation="tfbarrier"`` trains over tfbarrier's authenticated ring instead of the strategy
+  (ring_training.py). Otherwise ``bytes_per_pack``, ``timeout_seconds`` and ``implementation`` are
+  tf.distribute's CommunicationOptions, given to MultiWorkerMirroredStrategy as they are; ``bytes_per_pack`` is
   PACK_BYTES unless given. TensorFlow packs the gradients into all-reduces of about that size, but never
   splits one: a gradient larger than a pack is cut into pieces of one pack each (``all_reduce_in_pieces``),
   because gRPC's receiving side holds about three copies of each message at once, and a large model's
@@ -26,6 +27,8 @@ import contextlib
 from .errors import ModelError
 
 COMPRESSIONS = ("none", "fp16")
+RING = "tfbarrier"  # implementation=: tfbarrier's authenticated ring (ring_training.py), no TensorFlow server
+IMPLEMENTATIONS = ("auto", RING, "ring", "nccl")  # the others are MultiWorkerMirroredStrategy's
 PACK_BYTES = 16 * 2**20  # the gradients' all-reduces carry about this much each (bytes_per_pack's default)
 
 

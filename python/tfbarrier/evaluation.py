@@ -10,10 +10,19 @@ single process's ``model.evaluate`` of the same rows gives.
 
 The values go into the epoch's logs before any other callback sees them, the same on every worker,
 so EarlyStopping or ReduceLROnPlateau decide alike everywhere and every worker stops at the same epoch.
+
+Under MultiWorkerMirroredStrategy the strategy sums across workers; in a fit over tfbarrier's ring
+(ring_training.py) the ring does: ``Validation`` with a ``ring`` for a tf_keras model, ``Keras3Validation``
+for a Keras 3 model.
 """
+
+import functools
+
+import numpy as np
 
 import tensorflow as tf
 import tf_keras
+from tf_keras.src.engine.compile_utils import match_dtype_and_rank
 from tf_keras.src.losses import LossFunctionWrapper
 
 from .errors import ModelError
@@ -38,9 +47,9 @@ class Validation(tf_keras.callbacks.Callback):
     padding rows). As in model.evaluate, the loss is the mean over the rows of each row's loss times its
     sample weight."""
 
-    def __init__(self, dataset, steps, every=1):
+    def __init__(self, dataset, steps, every=1, ring=None):
         super().__init__()
-        self.dataset, self.steps, self.every = dataset, steps, every
+        self.dataset, self.steps, self.every, self.ring = dataset, steps, every, ring
 
     def on_train_begin(self, logs=None):
         model, strategy, loss = self.model, self.model.distribute_strategy, per_example_loss(self.model)
@@ -54,7 +63,10 @@ class Validation(tf_keras.callbacks.Callback):
                 real = present > 0
                 model.compiled_metrics.update_state(tf.boolean_mask(y, real), tf.boolean_mask(predicted, real),
                                                     tf.boolean_mask(weight, real))
-                losses = tf.cast(loss(y, predicted), tf.float32) * weight * present
+                # a label per row against one prediction column, (batch,) against (batch, 1), as compile()
+                # matches them: else "mse" or binary cross-entropy would average over the batch, not the column
+                labels, _, _ = match_dtype_and_rank(y, predicted, None)
+                losses = tf.cast(loss(labels, predicted), tf.float32) * weight * present
                 return tf.reduce_sum(losses), tf.reduce_sum(present)
 
             total, count = strategy.run(on_replica, args=next(iterator))
@@ -74,7 +86,59 @@ class Validation(tf_keras.callbacks.Callback):
         for _ in range(self.steps):
             step_total, step_count = self._step(iterator)
             total, count = total + float(step_total), count + float(step_count)
+        if self.ring is not None:  # no strategy: the ring sums what it would have
+            total, count = self.ring.all_reduce_sum(np.array([total, count]))
+            self.ring.sum_variables([variable for metric in metrics for variable in metric.variables])
         regularization = float(tf.add_n(self.model.losses)) if self.model.losses else 0.0
         logs["val_loss"] = total / count + regularization
         for metric in metrics:  # read across workers: every worker reads them in this order
             logs[f"val_{metric.name}"] = float(metric.result())
+
+
+class Keras3Validation(tf_keras.callbacks.Callback):
+    """The same for a Keras 3 model, summed across ``ring`` (Keras 3's ``fit`` takes tf_keras's callbacks):
+    ``val_loss`` and ``val_<metric>`` in every ``every``-th epoch's logs, from ``steps`` steps over
+    ``dataset`` ((x, y, present, sample weight) batches)."""
+
+    def __init__(self, dataset, steps, ring, every=1):
+        super().__init__()
+        self.dataset, self.steps, self.ring, self.every = dataset, steps, ring, every
+
+    def on_train_begin(self, logs=None):
+        model = self.model
+
+        @tf.function
+        def step(x, y, present, weight):
+            predicted = model(x, training=False)
+            real = present > 0  # the compiled metrics= ignore sample weights: the padding rows are left out
+            if model._compile_metrics is not None:
+                kept = functools.partial(tf.nest.map_structure, lambda t: tf.boolean_mask(t, real))
+                model._compile_metrics.update_state(kept(y), kept(predicted), kept(weight))
+            # Keras's compiled loss (each output's, times its loss weight) is a sum over the batch's rows, their
+            # weights applied, divided by the rows: times the rows, the sum, which padding rows (weight 0) leave
+            rows = tf.cast(tf.shape(present)[0], tf.float32)
+            total = tf.cast(model._compile_loss(y, predicted, sample_weight=weight * present), tf.float32) * rows
+            return total, tf.reduce_sum(present)
+
+        self._step = step
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None or (epoch + 1) % self.every:
+            return
+        metrics = self.model._compile_metrics
+        # each output's loss (a model of several): Keras's Means of the batches' losses, padding rows counted
+        per_output = self.model._compile_loss.metrics if self.model._compile_loss is not None else []
+        for metric in [metrics, *per_output]:
+            if metric is not None:
+                metric.reset_state()
+        total = np.zeros(2)
+        for batch in self.dataset.take(self.steps):
+            total += [float(value) for value in self._step(*batch)]
+        total = self.ring.all_reduce_sum(np.array([*total, *(float(each.total) for each in per_output)]))
+        regularization = float(sum(float(loss) for loss in self.model.losses))
+        logs["val_loss"] = total[0] / total[1] + regularization
+        # their sums (the rows' losses times the rows of each batch) over the rows that are not padding
+        logs.update({f"val_{each.name}": value / total[1] for each, value in zip(per_output, total[2:])})
+        if metrics is not None:  # read across workers: every worker sums them in this order
+            self.ring.sum_variables(metrics.variables)
+            logs.update({f"val_{name}": float(value) for name, value in metrics.result().items()})

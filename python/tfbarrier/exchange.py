@@ -1,6 +1,7 @@
 """A ring all-reduce between a job's training processes that admits only the job's own peers.
 
-How a Keras 3 model's workers exchange gradients (native_training.py; docs/gradient-exchange-design.md).
+How the workers of a fit over tfbarrier's ring exchange gradients and metric states (ring_training.py;
+docs/gradient-exchange-design.md).
 Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
 after both sides proved that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a
 stranger sends is read as data and a recorded exchange cannot be replayed). With the job's TLS credentials
@@ -30,6 +31,12 @@ LOST_PEER = "lost in the ring: "  # begins the message of every failure for want
 _HELLO = struct.Struct("!I")  # the connecting process's rank
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
 RETRY = "retry"  # _greet: connect again until the deadline
+
+
+def _aggregation(variable):
+    """How a variable aggregates across replicas: "sum", "mean"...: Keras 3's name, or tf.VariableAggregation's."""
+    aggregation = getattr(variable, "aggregation", "sum")
+    return str(getattr(aggregation, "name", aggregation)).lower()
 
 
 def _proof(secret, label, *parts):
@@ -264,6 +271,24 @@ class Ring:
         stacked = np.zeros((self.size, *np.shape(array)), np.asarray(array).dtype)
         stacked[self.rank] = array
         return self.all_reduce_sum(stacked)
+
+    def sum_variables(self, variables, mean=False):
+        """Replace each Keras variable (Keras 3's or TensorFlow's) that aggregates by sum (every metric's state)
+        by its sum across the ring, one that aggregates by mean (or every one, with ``mean``) by its mean: one
+        exchange for them all, in the order given (the same on every process)."""
+        if not mean:
+            variables = [v for v in variables if _aggregation(v) in ("sum", "mean")]
+        if self.size == 1 or not variables:
+            return
+        values = [v.numpy() for v in variables]
+        total = self.all_reduce_sum(np.concatenate([np.asarray(value, np.float64).reshape(-1) for value in values]))
+        at = 0
+        for variable, value in zip(variables, values):
+            summed = total[at:at + value.size].reshape(value.shape)
+            at += value.size
+            if mean or _aggregation(variable) == "mean":
+                summed = summed / self.size
+            variable.assign(summed.astype(value.dtype))
 
     def close(self):
         if self.size > 1:

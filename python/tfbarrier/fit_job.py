@@ -1,9 +1,10 @@
-"""The ``fit`` kind of job: Keras ``model.fit`` under MultiWorkerMirroredStrategy on each task's shard.
+"""The ``fit`` kind of job: Keras ``model.fit`` on each task's shard, under MultiWorkerMirroredStrategy or over
+tfbarrier's ring (``ring``).
 
 The job is plain data, made on the driver. In the task: the partition (or the task's slices of a plain
 Parquet scan) is streamed to the shard file (and the validation rows to theirs), every worker must have
 rows, and the peers agree on the steps. The training process's side, where TensorFlow is, is
-fit_training.py.
+fit_training.py and ring_training.py.
 """
 
 import dataclasses
@@ -53,6 +54,7 @@ class FitJob(Job):
     steps_per_execution: object = "auto"  # steps per call into TensorFlow: "auto", n, or None (as compiled)
     communication: dict = None  # how gradients travel: CommunicationOptions' arguments, compression (communication.py)
     memory_check: bool = True  # refuse to train when the host cannot hold what the model needs (memory.py)
+    ring: bool = False  # trains over tfbarrier's authenticated ring (ring_training.py), not the strategy's server
 
     @property
     def validates(self):
@@ -117,17 +119,17 @@ class FitJob(Job):
     # ---- in the training process ----
     @property
     def tensorflow_server(self):
-        return not getattr(self.model, "native", False)
+        return not self.ring
 
     @property
     def imports_keras3(self):
         return getattr(self.model, "native", False)
 
     def execute(self, tf, config, channel):
-        if not self.tensorflow_server:
-            from . import native_training  # imports TensorFlow and Keras 3: only training processes do
+        if self.ring:
+            from . import ring_training  # imports TensorFlow and tf_keras: only training processes do
 
-            return native_training.train(self, config, channel)
+            return ring_training.train(self, config, channel)
         from . import fit_training  # imports TensorFlow and tf_keras: only training processes do
 
         return fit_training.train(self, config, channel)

@@ -182,7 +182,7 @@ class Progress(tf_keras.callbacks.Callback):
         self.channel.send(protocol.PROGRESS, steps=self.skipped + self.steps, **fields)
 
     def on_train_begin(self, logs=None):
-        self.stop_keeping_alive()  # a resumed native fit's second fit (native_checkpoints.fit_plan)
+        self.stop_keeping_alive()  # a resumed ring fit's second fit (ring_checkpoints.fit_plan)
         self._summed = _replicas_summed_in_batch_logs(self.model)
         self._send(total_steps=self.params["epochs"] * self.params["steps"])
 
@@ -259,8 +259,10 @@ def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch
     (checkpoints.resume_point); ``keras``: the Keras of the model (TensorBoard's); ``checkpoints``: the
     class of the checkpoints' callback. Returns (progress, epoch log, saver, checkpoints, every callback)."""
     is_chief = index == 0
-    # Keras 3 numbers a resumed epoch's steps from 0 (native_checkpoints.fit_plan), tf_keras from where it resumed
-    progress = Progress(channel, resume["steps_done"] if resume else 0, steps_per_epoch if keras is tf_keras else None)
+    # a fit over the ring numbers a resumed epoch's steps from 0 (ring_checkpoints.fit_plan), tf_keras's
+    # strategy fit from where it resumed (its _training_state)
+    progress = Progress(channel, resume["steps_done"] if resume else 0,
+                        steps_per_epoch if checkpoints is Checkpoints else None)
     epoch_log = EpochLog(job.checkpoint_dir, is_chief)
     callbacks = [progress, epoch_log]
     saver = None

@@ -54,7 +54,14 @@ def plan(spark, use_gpu, num_workers):
     return TASK, int(per_task)
 
 
-def check_batch(batch_size, num_workers, gpus_per_worker):
+def check_batch(batch_size, num_workers, gpus_per_worker, ring=False):
+    """Refuse a global batch that the replicas cannot split evenly, and several GPUs per worker in a fit over
+    tfbarrier's ring (``ring``: its process trains one copy of the model, on one device)."""
+    if ring and gpus_per_worker > 1:
+        raise InvalidArgumentError(
+            f"each worker has {gpus_per_worker} GPUs, but a fit over tfbarrier's ring (a Keras 3 model that trains "
+            "natively, communication implementation 'tfbarrier', or a cluster that encrypts) trains on one GPU per "
+            "worker: set spark.task.resource.gpu.amount=1 (one worker per GPU)")
     replicas = num_workers * max(1, gpus_per_worker)
     if batch_size % replicas:
         raise InvalidArgumentError(

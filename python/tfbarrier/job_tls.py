@@ -123,7 +123,8 @@ def for_job(spark, allow_unencrypted, tensorflow_server):
     if why and tensorflow_server and not allow_unencrypted:
         raise ClusterError(
             f"{' and '.join(why)} is on, but TensorFlow's gRPC traffic between the workers (gradients, weights) "
-            "is not encrypted: a tf_keras model trains under MultiWorkerMirroredStrategy, and run() and apply() "
-            "hand the workers a TF_CONFIG for it (a Keras 3 model trains over tfbarrier's own encrypted ring "
-            "instead). Run on a trusted network and pass allow_unencrypted=True to accept that")
+            "is not encrypted: this job uses it (a fit whose communication implementation is 'ring' or 'nccl': "
+            "MultiWorkerMirroredStrategy; run() and apply(): they hand the workers a TF_CONFIG for it). Leave a "
+            "fit's implementation at 'auto' or 'tfbarrier' (tfbarrier's own encrypted ring), or run on a trusted "
+            "network and pass allow_unencrypted=True to accept that")
     return Credentials.new() if why else None

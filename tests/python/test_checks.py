@@ -68,24 +68,30 @@ def test_a_bad_spare_idle_timeout_is_refused(spark, small_df, value):
         spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
 
 
-@pytest.mark.parametrize("value, tf_keras, allow, message", [
-    ("sometimes", False, False, "spark.tfbarrier.encrypt must be 'auto' (encrypt when Spark does) or 'always', "
-                                "got 'sometimes'"),
-    ("always", True, False, "spark.tfbarrier.encrypt=always is on, but TensorFlow's gRPC traffic between the workers"),
-    ("always", True, True, None),  # allowed: what stops this empty frame's fit comes after, "the DataFrame is empty"
+@pytest.mark.parametrize("value, tf_keras, options, message", [
+    ("sometimes", False, {}, "spark.tfbarrier.encrypt must be 'auto' (encrypt when Spark does) or 'always', "
+                             "got 'sometimes'"),
+    ("always", True, {"communication": {"implementation": "ring"}},
+     "spark.tfbarrier.encrypt=always is on, but TensorFlow's gRPC traffic between the workers"),
+    ("always", True, {"communication": {"implementation": "nccl"}}, "spark.tfbarrier.encrypt=always is on"),
+    # allowed, or over tfbarrier's ring (the default there): what stops this empty frame's fit comes after
+    ("always", True, {"communication": {"implementation": "ring"}, "allow_unencrypted": True}, None),
+    ("always", True, {}, None),
 ])
 def test_encrypt_always_refuses_what_tensorflow_carries_in_the_clear_unless_allowed(spark, small_df, value, tf_keras,
-                                                                                     allow, message):
+                                                                                     options, message):
     from conftest import worker_model
 
     model = worker_model(digits_cnn()) if tf_keras else digits_cnn()
     spark.conf.set("spark.tfbarrier.encrypt", value)
     try:
         with pytest.raises(tfbarrier.errors.TfBarrierError) as caught:
-            fit(small_df.limit(0), model, allow_unencrypted=allow)
+            fit(small_df.limit(0), model, **options)
     finally:
         spark.conf.unset("spark.tfbarrier.encrypt")
     assert str(caught.value).startswith(message or "the DataFrame is empty"), caught.value
+    if message and value == "always":
+        assert "Leave a fit's implementation at 'auto' or 'tfbarrier'" in str(caught.value)  # the fix
 
 
 def test_an_empty_dataframe_is_refused(small_df):

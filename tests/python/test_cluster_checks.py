@@ -36,9 +36,10 @@ for name, (conf, extra) in json.loads(sys.argv[1]).items():
 ENCRYPTED = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true", "spark.authenticate.secret": "s"}
 CASES = {
     "dynamic_allocation": ({"spark.dynamicAllocation.enabled": "true"}, {}),
-    "ssl": ({"spark.ssl.enabled": "true"}, {"tf_keras": True}),
+    "ssl": ({"spark.ssl.enabled": "true"}, {"tf_keras": True, "communication": {"implementation": "ring"}}),
     "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True, "tf_keras": True}),
     "encrypted_keras3": (ENCRYPTED, {"epochs": 1}),
+    "ssl_tf_keras": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "tf_keras": True}),
 }
 
 
@@ -57,6 +58,12 @@ def outcomes():
 ])
 def test_settings_are_refused_before_any_spark_job(outcomes, case, message):
     assert outcomes[case].startswith(message), outcomes[case]
+
+
+def test_a_tf_keras_model_trains_in_an_encrypted_cluster_over_the_ring_with_both_over_tls(outcomes):
+    # its implementation left at auto: tfbarrier's ring, not MultiWorkerMirroredStrategy's server
+    assert re.fullmatch(r'fitted \[\["TLSv1\.3 TLS_\w+", "TLSv1\.3 TLS_\w+"\]\]', outcomes["ssl_tf_keras"]), \
+        outcomes["ssl_tf_keras"]
 
 
 def test_encryption_refusal_can_be_overridden(outcomes):

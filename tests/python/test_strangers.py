@@ -1,22 +1,24 @@
 """No stranger gets in (issue 44): a process outside the job, with no secret and no Spark access,
 tries what a plain TensorFlow client can do to a training process (read a file by placing
 tf.io.read_file on /job:worker/task:N) against every port a training process listens on while a fit
-trains. A native Keras 3 fit's training processes run no TensorFlow server and listen on no port once
+trains. A fit over tfbarrier's ring (a native Keras 3 model, or a tf_keras model with communication
+implementation "tfbarrier") runs no TensorFlow server, and its training processes listen on no port once
 their ring is made (its admission is tested in test_exchange.py): the stranger gets nothing, and the fit
-goes on unharmed. (A translated fit's MultiWorkerMirroredStrategy server hands the file over: README,
-"Security".)"""
+goes on unharmed. (A fit under MultiWorkerMirroredStrategy, a tf_keras model's by default where traffic
+need not be encrypted, has its server hand the file over: README, "Security".)"""
 
 import subprocess
 import sys
 import threading
 import time
 
-import keras
 import numpy as np
 import pandas as pd
 import psutil
 import pytest
+import tf_keras
 from test_native import GLOBAL_BATCH, gated_model, line_data
+from test_ring import RING, dense_model
 
 import tfbarrier
 
@@ -52,20 +54,23 @@ def listening_ports(processes):
     return sorted(ports)
 
 
-class Slowly(keras.callbacks.Callback):
+class Slowly(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
     """Keeps a fit training for a while (0.3 s a step), so the stranger finds it at work."""
 
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.3)
 
 
-def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_native_fit(spark, line_df, tmp_path):
+@pytest.mark.parametrize("build, options", [(gated_model, {}), (dense_model, {"communication": RING})],
+                         ids=["native_keras3", "tf_keras_over_the_ring"])
+def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_fit_over_the_ring(spark, line_df, tmp_path,
+                                                                                     build, options):
     marker = tmp_path / "marker.txt"
     marker.write_text("the executor's secrets")
     outcome = {}
     fit = threading.Thread(target=lambda: outcome.update(result=tfbarrier.fit(
-        line_df, gated_model(), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, steps_per_epoch=40,
-        num_workers=2, callbacks=lambda: [Slowly()], verbose=0)))
+        line_df, build(), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, steps_per_epoch=40,
+        num_workers=2, callbacks=lambda: [Slowly()], verbose=0, **options)))
     fit.start()
     deadline = time.monotonic() + 120
     while len(processes := training_processes()) < 2 and time.monotonic() < deadline:
@@ -78,8 +83,8 @@ def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_native_fit(s
     assert fit.is_alive(), "the fit ended before the stranger came: slow it more"
     fit.join(timeout=300)
 
-    assert ports == [], "a native training process listens on a port while it trains"
     assert not any("READ" in answer for answer in answers), answers
+    assert ports == [], "a training process over the ring listens on a port while it trains"
     result = outcome["result"]  # the fit went on unharmed
     assert [w["steps"] for w in result.workers] == [40, 40]
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]

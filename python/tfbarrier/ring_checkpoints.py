@@ -1,5 +1,5 @@
-"""fit(checkpoint_dir=, checkpoint_every=) for a native Keras 3 fit (native_training.py): checkpoints.py's
-saves and resume, with the ring in the strategy's place.
+"""fit(checkpoint_dir=, checkpoint_every=) for a fit over tfbarrier's ring (ring_training.py): checkpoints.py's
+saves and resume, with the ring in the strategy's place, for Keras 3 and tf_keras models alike.
 
 The same files in ``<checkpoint_dir>/state`` (a TensorFlow checkpoint ``ckpt-N`` of the model, its
 optimizer, the epoch and step; ``ckpt-N.json`` written before it: epoch, step, steps_done, rows, the
@@ -8,17 +8,18 @@ optimizer state, so the chief alone writes them; the metric sums are every worke
 first, and the save ends when every worker has passed it on the ring.
 
 Keras 3's ``fit`` starts only at an epoch's first step (it has no mid-epoch hook like tf_keras's
-``_training_state``): a resumed attempt runs the rest of the saved epoch as a fit of its own, then the
-epochs after it (``fit_plan``); the chief adds the saved metric sums back at the first step.
+``_training_state``, which needs the strategy): a resumed attempt runs the rest of the saved epoch as a fit
+of its own, then the epochs after it (``fit_plan``); the chief adds the saved metric sums back at the first
+step. The callback is tf_keras's kind, which Keras 3's ``fit`` takes as well.
 """
 
 import json
 import os
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 from . import atomic
 from .checkpoints import MAX_KEPT, STATE_DIR, SaveSchedule, metric_variables, start_of
@@ -39,7 +40,7 @@ def fit_plan(resume, epochs, steps_per_epoch):
     return plan
 
 
-class NativeCheckpoints(SaveSchedule, keras.callbacks.Callback):
+class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
     """Saves and restores the training state (see the module); the arguments are checkpoints.Checkpoints'
     and the ``ring``. ``begin_fit`` says where each of the attempt's fits starts."""
 
@@ -81,7 +82,8 @@ class NativeCheckpoints(SaveSchedule, keras.callbacks.Callback):
             if self.is_chief:
                 for name, variable in metric_variables(self.model):
                     if name in self._pending_metrics:
-                        variable.assign(variable.numpy() + np.asarray(self._pending_metrics[name], variable.dtype))
+                        current = variable.numpy()
+                        variable.assign(current + np.asarray(self._pending_metrics[name], current.dtype))
             self._pending_metrics = None
         self._save_if_due(batch)
 
