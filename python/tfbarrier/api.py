@@ -292,12 +292,11 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     with transfer.JobFiles() as files:
         spark = data.sparkSession
-        encrypted = job_tls.required(spark) and not allow_unencrypted
         spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
-                                         named=layout.named, encrypted=encrypted)
+                                         named=layout.named)
         if getattr(spec, "native", False):
             _native_options(communication, class_weight if layout.outputs else None)
-        ring = _over_ring(spec, training["communication"], encrypted)
+        ring = _over_ring(spec, training["communication"], job_tls.required(spark) and not allow_unencrypted, use_gpu)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
@@ -313,12 +312,14 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         return _run_fit(frame, job, model, files, num_workers, staging, tracked)
 
 
-def _over_ring(spec, communication, encrypted):
+def _over_ring(spec, communication, encrypted, use_gpu):
     """Whether a fit trains over tfbarrier's authenticated ring rather than MultiWorkerMirroredStrategy: a
-    native Keras 3 model always, a tf_keras one when asked (``implementation="tfbarrier"``) or when its
-    traffic must be ``encrypted`` (the implementation left at "auto")."""
+    native Keras 3 model always; a tf_keras one with ``implementation`` "tfbarrier", or "auto" (the default)
+    unless it trains on GPUs (which keep NCCL under the strategy) where traffic need not be ``encrypted``."""
     implementation = (communication or {}).get("implementation", "auto")
-    return getattr(spec, "native", False) or implementation == RING or (implementation == "auto" and encrypted)
+    if getattr(spec, "native", False) or implementation == RING:
+        return True
+    return implementation == "auto" and (encrypted or not use_gpu)
 
 
 def _native_options(communication, class_weight_of_outputs):

@@ -1,9 +1,9 @@
 """A Keras 3 model that trains as it is, in Keras 3 ("native"), instead of translated into tf_keras.
 
 The path a Keras 3 model object takes is chosen on the driver (``spec_for_fit``): translated when
-tf_keras can rebuild it (model_spec.py), native when it cannot (a custom layer, a subclassed model) or
-when the job's traffic must be encrypted (job_tls.py: only the native path's ring is), or as
-``spark.tfbarrier.keras3Training`` says ("translated", "native"; "auto" by default).
+tf_keras can rebuild it (model_spec.py), native when it cannot (a custom layer, a subclassed model), or
+as ``spark.tfbarrier.keras3Training`` says ("translated", "native"; "auto" by default). Either trains
+over tfbarrier's ring (ring_training.py) unless a translated fit asks for the strategy.
 
 A native model travels as its ``.keras`` archive (config, compile config, weights, optimizer state)
 and the user's own objects the archive names (custom layers, a subclassed model's class, a loss
@@ -29,11 +29,10 @@ NOT_YET = "for a Keras 3 model that trains natively (custom layers, subclassed m
           "support {what} yet: {fix}"
 
 
-def spec_for_fit(model, files, path="auto", named=False, encrypted=False):
+def spec_for_fit(model, files, path="auto", named=False):
     """The spec of the model ``fit`` got, its files added to ``files``: a NativeModel for a Keras 3
-    model object that trains natively (always, with inputs or outputs ``named`` by features= or label=, and
-    at "auto" when its traffic must be ``encrypted``: only the native path's is), else a ModelSpec checked to
-    rebuild in tf_keras."""
+    model object that trains natively (always, with inputs or outputs ``named`` by features= or label=),
+    else a ModelSpec checked to rebuild in tf_keras."""
     path = str(path).strip().lower()
     if path not in PATHS:
         raise InvalidArgumentError(f"spark.tfbarrier.keras3Training is {path!r}: set it to one of {', '.join(PATHS)}")
@@ -42,7 +41,7 @@ def spec_for_fit(model, files, path="auto", named=False, encrypted=False):
                          "model that trains natively: build it with keras (Keras 3), and leave "
                          "spark.tfbarrier.keras3Training at auto")
     if keras_flavor(model) == "keras3" and path != "translated":
-        if path == "native" or named or encrypted or ModelSpec.untranslatable(model) is not None:
+        if path == "native" or named or ModelSpec.untranslatable(model) is not None:
             return NativeModel.from_model(model, files)
         return ModelSpec.from_model(model, files)  # untranslatable() checked it
     spec = ModelSpec.from_model(model, files)

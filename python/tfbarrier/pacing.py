@@ -9,7 +9,8 @@ count, enough steps that a call lasts about TARGET_SECONDS (so progress heartbea
 stall watchdog still hear from a worker a few times a second), at most MAX_STEPS and at most an epoch.
 
 The workers must agree: MultiWorkerMirroredStrategy gives each call its own collective instance key,
-so workers that group their steps differently into calls wait forever for each other. They exchange
+so workers that group their steps differently into calls wait forever for each other (over tfbarrier's
+ring, the callbacks' exchanges would pair up wrongly). They exchange
 their timings in one all-reduce, where each worker fills only its own slot (adding zeros is exact), and
 all decide from the same numbers.
 """
@@ -33,11 +34,12 @@ def count_for(step_seconds, steps_per_epoch, most=MAX_STEPS):
     return max(1, min(most, steps_per_epoch, int(TARGET_SECONDS / max(step_seconds, 1e-6))))
 
 
-def resolve(model, steps_per_execution, most=MAX_STEPS):
+def resolve(model, steps_per_execution, most=MAX_STEPS, gather=None):
     """Set the model's steps per call before ``fit`` from fit's argument, and return the callback that
     tunes it ("auto" on a model compiled with Keras's default of 1; at most ``most`` steps per call: a
     checkpoint is saved at a call's end), else None. ``None`` keeps what the model was compiled with; a
-    number fixes it."""
+    number fixes it. ``gather``: how the workers learn each other's timings (``everyones`` under the
+    strategy; a fit over the ring passes its own)."""
     if steps_per_execution is None:
         return None
     if steps_per_execution != "auto":
@@ -45,7 +47,7 @@ def resolve(model, steps_per_execution, most=MAX_STEPS):
         return None
     if int(model.steps_per_execution.numpy()) != 1:  # the user's own compile(steps_per_execution=n)
         return None
-    return AutoStepsPerExecution(most)
+    return AutoStepsPerExecution(most, gather)
 
 
 def set_count(model, count):
@@ -112,11 +114,12 @@ def everyones(model, value):
 
 
 class AutoStepsPerExecution(tf_keras.callbacks.Callback):
-    """Measures the first calls and sets the agreed count (see the module), at most ``most`` steps."""
+    """Measures the first calls and sets the agreed count (see the module), at most ``most`` steps;
+    ``gather(value)``: every worker's value (``everyones`` by default)."""
 
-    def __init__(self, most=MAX_STEPS):
+    def __init__(self, most=MAX_STEPS, gather=None):
         super().__init__()
-        self.most = most
+        self.most, self.gather = most, gather
         self.calls, self.durations, self._last_end = 0, [], None
         self.decided = False
 
@@ -131,7 +134,8 @@ class AutoStepsPerExecution(tf_keras.callbacks.Callback):
             self.durations.append(now - self._last_end)  # the call, and every callback's batch hooks
         self._last_end = now
         if len(self.durations) == MEASURED_CALLS:  # at the same call on every worker
-            slowest = max(everyones(self.model, float(np.median(self.durations))))
+            mine = float(np.median(self.durations))
+            slowest = max(self.gather(mine) if self.gather is not None else everyones(self.model, mine))
             count = count_for(slowest, self.params["steps"] or MAX_STEPS, self.most)
             if count > 1:
                 # Keras built a one-step training function (the count was 1 as fit started); fit looks

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from . import communication, evaluation, exchange, fit_training, memory, optimizers, settings, shards
+from . import communication, evaluation, exchange, fit_training, memory, optimizers, pacing, settings, shards
 from .checkpoints import resume_point, start_of
 from .errors import WorkerError
 from .model_spec import write_weights
@@ -65,7 +65,8 @@ def train(job, config, channel):
         callbacks = [AverageState(ring), *callbacks, StopTogether(ring)]
         started = time.time()
         try:
-            _fits(job, model, flavor, shard, (input_shape, context, index), resume, steps_per_epoch, callbacks, saves)
+            _fits(job, model, flavor, shard, (input_shape, context, index, ring), resume, steps_per_epoch, callbacks,
+                  saves)
         finally:
             progress.stop_keeping_alive()
         timings["training"] = time.time() - started
@@ -117,8 +118,13 @@ class Keras3:
     def steps_per_execution(self, model):
         return int(model.steps_per_execution)
 
-    def set_steps_per_execution(self, model, steps):
-        model.steps_per_execution = steps
+    def pace(self, model, job, plan, ring):
+        """Set the steps per call: Keras 3 runs whole calls, so they must divide every fit's epoch of the
+        ``plan``, or an epoch would run past its end; fit's number, else as compiled ("auto" has no pacer
+        here yet). The same on every worker: the ring's exchanges follow the calls. Returns None."""
+        wanted = job.steps_per_execution if isinstance(job.steps_per_execution, int) else model.steps_per_execution
+        steps = math.gcd(*[fit[2] for fit in plan])
+        model.steps_per_execution = max(d for d in range(1, min(int(wanted), steps) + 1) if steps % d == 0)
 
     def wrap_apply(self, optimizer, mean_of):
         apply = optimizer.apply
@@ -157,10 +163,13 @@ class TfKeras(Keras3):
         return tuple(model.input_shape[1:])
 
     def steps_per_execution(self, model):
-        return int(model._steps_per_execution.numpy())
+        return int(model.steps_per_execution.numpy())
 
-    def set_steps_per_execution(self, model, steps):
-        model._configure_steps_per_execution(steps)
+    def pace(self, model, job, plan, ring):
+        """Set the steps per call as under the strategy (pacing.py: tf_keras cuts an epoch's last call
+        short), the workers' timings gathered over the ring; the pacer for "auto", or None."""
+        return pacing.resolve(model, job.steps_per_execution, most=fit_training._steps_between_checkpoints(job),
+                              gather=lambda value: ring.all_gather(np.array(value, np.float64)).tolist())
 
     def wrap_apply(self, optimizer, mean_of):
         apply_gradients = optimizer.apply_gradients
@@ -187,14 +196,12 @@ def _join(job, config, index):
 
 def _fits(job, model, flavor, shard, where, resume, steps_per_epoch, callbacks, saves):
     """This attempt's fits (ring_checkpoints.fit_plan), each on the shard's stream from the step it starts
-    at. ``where``: (the model's input shape, the input context, this worker's index)."""
-    input_shape, context, index = where
+    at. ``where``: (the model's input shape, the input context, this worker's index, the ring)."""
+    input_shape, context, index, ring = where
     plan = fit_plan(resume, job.epochs, steps_per_epoch)
-    # Keras 3 runs whole calls: steps per call must divide every fit's epoch, or an epoch would run past its end.
-    # The same on every worker (the ring's exchanges follow the calls): as compiled, or fit's number
-    wanted = job.steps_per_execution if isinstance(job.steps_per_execution, int) else flavor.steps_per_execution(model)
-    steps = math.gcd(*[fit[2] for fit in plan])
-    flavor.set_steps_per_execution(model, max(d for d in range(1, min(int(wanted), steps) + 1) if steps % d == 0))
+    pacer = flavor.pace(model, job, plan, ring)
+    if pacer is not None:
+        callbacks = [pacer, *callbacks]
     for number, (initial_epoch, epochs, steps, first_step) in enumerate(plan):
         if saves is not None:
             saves.begin_fit(steps_per_epoch - steps, last=number == len(plan) - 1)
