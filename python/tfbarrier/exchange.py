@@ -31,6 +31,7 @@ LOST_PEER = "lost in the ring: "  # begins the message of every failure for want
 _HELLO = struct.Struct("!I")  # the connecting process's rank
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
 RETRY = "retry"  # _greet: connect again until the deadline
+DEAD_LINK_SECONDS = 10  # a link that answers nothing for this long fails the ring (_fail_on_dead_links)
 
 
 def _aggregation(variable):
@@ -150,6 +151,18 @@ class _Admission:
             conn.close()
 
 
+def _fail_on_dead_links(sock):
+    """Make a dead link (a host cut off or stopped) fail ``sock`` within about DEAD_LINK_SECONDS, where a
+    peer that is only busy (tracing, saving, validating) keeps it alive: its kernel still answers. Idle,
+    TCP keepalive probes find it; with bytes unacknowledged, TCP_USER_TIMEOUT (Linux) does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    probes = {"TCP_KEEPIDLE": DEAD_LINK_SECONDS // 3, "TCP_KEEPINTVL": DEAD_LINK_SECONDS // 6, "TCP_KEEPCNT": 4,
+              "TCP_USER_TIMEOUT": DEAD_LINK_SECONDS * 1000}
+    for name, value in probes.items():
+        if hasattr(socket, name):  # Linux's; elsewhere the ring's own timeout remains
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 class Ring:
     """This process's place in the ring: ``rank`` of ``len(addresses)``, connected to its neighbours."""
 
@@ -187,6 +200,7 @@ class Ring:
         for sock in (left, right):
             sock.settimeout(timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _fail_on_dead_links(sock)
         return cls(rank, size, left, right, timeout)
 
     @staticmethod

@@ -1,7 +1,8 @@
-"""The training process's side of a ``fit`` job (fit_job.py holds the job and its task's side): the
+"""The training process's side of a ``fit`` job under MultiWorkerMirroredStrategy (fit_job.py holds the
+job and its task's side; a fit over tfbarrier's ring, the default on CPUs, is ring_training.py's): the
 strategy, the model built in its scope, the streaming tf.data pipeline of the shard, tfbarrier's
-callbacks (progress heartbeat, epoch log, validation, saved models, checkpoints, TensorBoard) and the
-user's, ``model.fit``, then the chief's trained weights and history for the driver.
+callbacks (progress heartbeat, epoch log, validation, saved models, checkpoints, TensorBoard: shared with
+ring_training.py) and the user's, ``model.fit``, then the chief's trained weights and history for the driver.
 
 Imported only in training processes, after TensorFlow: the driver never imports TensorFlow.
 """
@@ -251,18 +252,17 @@ class EpochLog(tf_keras.callbacks.Callback):
 
 
 def _callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None,
-               keras=tf_keras, checkpoints=Checkpoints):
+               keras=tf_keras, checkpoints=Checkpoints, resumes_in_fit=True):
     """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
     step clock and progress heartbeat, the epoch log, the saved models (save_to), and the checkpoints
     when there is a checkpoint directory (after them, so that a resumed attempt finds the epoch it
     resumes after logged and saved); then the user's. ``resume``: where this attempt starts
     (checkpoints.resume_point); ``keras``: the Keras of the model (TensorBoard's); ``checkpoints``: the
-    class of the checkpoints' callback. Returns (progress, epoch log, saver, checkpoints, every callback)."""
+    class of the checkpoints' callback; ``resumes_in_fit``: tf_keras's fit starts mid-epoch (its
+    ``_training_state``) and numbers the resumed epoch's steps from there, where a Keras 3 fit runs the rest
+    of the epoch as a fit of its own (ring_checkpoints.fit_plan), numbered from 0. Returns (progress, epoch log, saver, checkpoints, every callback)."""
     is_chief = index == 0
-    # a fit over the ring numbers a resumed epoch's steps from 0 (ring_checkpoints.fit_plan), tf_keras's
-    # strategy fit from where it resumed (its _training_state)
-    progress = Progress(channel, resume["steps_done"] if resume else 0,
-                        steps_per_epoch if checkpoints is Checkpoints else None)
+    progress = Progress(channel, resume["steps_done"] if resume else 0, steps_per_epoch if resumes_in_fit else None)
     epoch_log = EpochLog(job.checkpoint_dir, is_chief)
     callbacks = [progress, epoch_log]
     saver = None

@@ -61,6 +61,8 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
         self._offset, self._last_fit = skipped_steps, last
 
     def on_train_begin(self, logs=None):
+        if hasattr(self.model, "_training_state"):  # tf_keras's fit asks it where to start (one fit: Keras 3 has none)
+            self.model._training_state = self
         if self._manager is not None:
             return
         self._epoch = tf.Variable(-1, dtype=tf.int64, name="checkpoint_epoch")
@@ -71,6 +73,10 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
         if self.resume is not None:
             self._manager.restore_or_initialize()
         self._started = time.perf_counter()
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        """(epoch, step) tf_keras's fit starts at: the step after the last save."""
+        return start_of(self.resume, steps_per_epoch) if self.resume is not None else (initial_epoch, 0)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_now = epoch
@@ -93,11 +99,17 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         """The attempt's last fit is over: a later fit with this checkpoint_dir starts afresh."""
+        if hasattr(self.model, "_training_state"):
+            self.model._training_state = None
         if self._last_fit and self.is_chief:
             tf.io.gfile.rmtree(self.directory)
 
     def _save(self, epoch, step, done):
         started = time.perf_counter()
+        # the moving statistics (BatchNormalization's) each worker keeps of its own rows, averaged as at an
+        # epoch's end (ring_training.AverageState): the chief saves what every worker resumes from
+        self.ring.sum_variables([v for v in self.model.non_trainable_variables if "float" in str(v.dtype)],
+                                mean=True)
         variables = metric_variables(self.model)
         values = [np.asarray(variable.numpy(), np.float64) for _, variable in variables]
         total = self.ring.all_reduce_sum(np.concatenate([v.reshape(-1) for v in values] or [np.zeros(0)]))

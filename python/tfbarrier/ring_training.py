@@ -57,12 +57,13 @@ def train(job, config, channel):
         progress, epoch_log, saver, saves, callbacks = fit_training._callbacks(
             channel, job, workdir, index, resume=resume, batch_rows=job.batch_size // ring.size,
             steps_per_epoch=steps_per_epoch, keras=flavor.keras,
-            checkpoints=functools.partial(RingCheckpoints, ring=ring))
+            checkpoints=functools.partial(RingCheckpoints, ring=ring), resumes_in_fit=flavor.keras is tf_keras)
         validation = fit_training._validation_data(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
             callbacks.insert(0, flavor.validation(*validation, ring, every=job.validation_freq))
-        # before validation: the moving statistics (BatchNormalization's) averaged; last: a stop agreed
-        callbacks = [AverageState(ring), *callbacks, StopTogether(ring)]
+        # first: a call's logs global, the moving statistics (BatchNormalization's) averaged before validation;
+        # last: a stop agreed
+        callbacks = [GlobalBatchLogs(ring), AverageState(ring), *callbacks, StopTogether(ring)]
         started = time.time()
         try:
             _fits(job, model, flavor, shard, (input_shape, context, index, ring), resume, steps_per_epoch, callbacks,
@@ -118,6 +119,9 @@ class Keras3:
     def steps_per_execution(self, model):
         return int(model.steps_per_execution)
 
+    def plan(self, resume, epochs, steps_per_epoch):
+        return fit_plan(resume, epochs, steps_per_epoch)
+
     def pace(self, model, job, plan, ring):
         """Set the steps per call: Keras 3 runs whole calls, so they must divide every fit's epoch of the
         ``plan``, or an epoch would run past its end; fit's number, else as compiled ("auto" has no pacer
@@ -165,6 +169,11 @@ class TfKeras(Keras3):
     def steps_per_execution(self, model):
         return int(model.steps_per_execution.numpy())
 
+    def plan(self, resume, epochs, steps_per_epoch):
+        """One fit: tf_keras's starts mid-epoch itself (RingCheckpoints is its ``_training_state``), so the
+        resumed epoch's steps keep their numbers, as under the strategy."""
+        return [(0, epochs, steps_per_epoch, resume["steps_done"] if resume else 0)]
+
     def pace(self, model, job, plan, ring):
         """Set the steps per call as under the strategy (pacing.py: tf_keras cuts an epoch's last call
         short), the workers' timings gathered over the ring; the pacer for "auto", or None."""
@@ -198,7 +207,7 @@ def _fits(job, model, flavor, shard, where, resume, steps_per_epoch, callbacks, 
     """This attempt's fits (ring_checkpoints.fit_plan), each on the shard's stream from the step it starts
     at. ``where``: (the model's input shape, the input context, this worker's index, the ring)."""
     input_shape, context, index, ring = where
-    plan = fit_plan(resume, job.epochs, steps_per_epoch)
+    plan = flavor.plan(resume, job.epochs, steps_per_epoch)
     pacer = flavor.pace(model, job, plan, ring)
     if pacer is not None:
         callbacks = [pacer, *callbacks]
@@ -328,6 +337,23 @@ def sum_metrics(model, ring, reader):
         return results(logs)
 
     setattr(model, reader, global_results)
+
+
+class GlobalBatchLogs(tf_keras.callbacks.Callback):
+    """First of the callbacks: a call's logs (this worker's running loss and metrics) replaced by their mean
+    across ``ring``. Every worker ran as many steps of as many rows, so the mean is the global batches'
+    running value, what the strategy's logs hold: the progress bar and the user's batch-level callbacks see it."""
+
+    def __init__(self, ring):
+        super().__init__()
+        self.ring = ring
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not logs or self.ring.size == 1:
+            return
+        keys = sorted(key for key, value in logs.items() if np.ndim(value) == 0)
+        means = self.ring.all_reduce_sum(np.array([float(logs[key]) for key in keys])) / self.ring.size
+        logs.update(zip(keys, means.tolist()))
 
 
 class AverageState(tf_keras.callbacks.Callback):

@@ -66,6 +66,7 @@ RENDEZVOUS_WAIT = 30.0  # from a rendezvous' first arrival until every task fall
 REQUEST_ANSWER_TIMEOUT = RENDEZVOUS_WAIT + 30.0  # a driver link request's answer (the rendezvous') comes by then
 BUILD_TIMEOUT = 1800  # for one pip run, and for waiting on another task's environment build
 PEER_PROBE_TIMEOUT = 2.0  # for a peer's host to answer a worker whose collective aborted, before it counts as lost
+CAUSE_FIRST_WAIT = 5.0  # a task whose worker lost a live peer fails this much later: the peer's task reports the cause
 REPLACEMENT_WAIT = 60.0  # before a retry after a lost worker, for the cluster to have num_workers free slots again
 
 # ---- how often a wait looks again, seconds -------------------------------------------------------

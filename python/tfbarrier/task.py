@@ -112,8 +112,11 @@ def _until_done(process, job, link, workdir, peers, index, host):
                         armed_by=(lambda message: message.get("steps", 0) > 0) if stall else None,
                         setup_timeout=max(settings.SETUP_TIMEOUT, stall) if stall else None)
     except WorkerError as error:
-        raise faults.blame_lost_peer(error, peers, index, host, lambda: rendezvous.silent_peers(peers, index),
-                                     settings.PEER_PROBE_TIMEOUT) from None
+        blamed = faults.blame_lost_peer(error, peers, index, host, lambda: rendezvous.silent_peers(peers, index),
+                                        settings.PEER_PROBE_TIMEOUT)
+        if faults.lost_contact(blamed):  # a live peer failed on its own: its task fails first, with the cause
+            time.sleep(settings.CAUSE_FIRST_WAIT)  # (the ring sees a peer's exit at once, TensorFlow much later)
+        raise blamed from None
     return protocol.read_pickle(workdir, protocol.RESULT_FILE)
 
 

@@ -37,7 +37,8 @@ ENCRYPTED = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true
 CASES = {
     "dynamic_allocation": ({"spark.dynamicAllocation.enabled": "true"}, {}),
     "ssl": ({"spark.ssl.enabled": "true"}, {"tf_keras": True, "communication": {"implementation": "ring"}}),
-    "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True, "tf_keras": True}),
+    "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True, "tf_keras": True,
+                                                    "communication": {"implementation": "ring"}}),
     "encrypted_keras3": (ENCRYPTED, {"epochs": 1}),
     "ssl_tf_keras": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "tf_keras": True}),
 }
@@ -67,7 +68,8 @@ def test_a_tf_keras_model_trains_in_an_encrypted_cluster_over_the_ring_with_both
 
 
 def test_encryption_refusal_can_be_overridden(outcomes):
-    # the tf_keras model's gRPC is not encrypted (allowed), its driver link is: Spark's encryption is on
+    # the strategy's gRPC (implementation "ring") is not encrypted (allowed), the driver link is: Spark's
+    # encryption is on
     assert re.fullmatch(r'fitted \[\[null, "TLSv1\.3 TLS_\w+"\]\]', outcomes["ssl_allowed"]), outcomes["ssl_allowed"]
 
 

@@ -167,6 +167,8 @@ def test_one_timeout_covers_every_attempt(digits_df):
 def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds(digits_df, monkeypatch):
     # Worker 0's port is held by this process when TensorFlow binds it (its TF_CONFIG names our port in
     # the first attempt's rendezvous): a real clash, through the exit code, PortClashError and its retry.
+    # Under MultiWorkerMirroredStrategy (implementation "ring"): over tfbarrier's ring a process keeps the
+    # port it reported listening, so none can be taken.
     from tfbarrier import rendezvous
 
     held = socket.socket()
@@ -185,7 +187,7 @@ def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds
 
     monkeypatch.setattr(rendezvous.DriverRendezvous, "answer", answer_with_a_taken_port)
     try:
-        result = fit(digits_df, epochs=1, verbose=0)
+        result = fit(digits_df, epochs=1, verbose=0, communication={"implementation": "ring"})
     finally:
         held.close()
     first, second = result.attempts

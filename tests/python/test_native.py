@@ -102,24 +102,14 @@ def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, b
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
                            num_workers=2, shuffle=False, save_to=str(tmp_path), **options)
 
-    # One process, the same global batches: step i takes rows [16i, 16i+16) of each worker's shard.
-    x, y = line_data()
-    half = GLOBAL_BATCH // 2
-    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
-                            for i in range(0, ROWS_PER_WORKER, half)])
-    history = reference.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0).history
+    history = one_process(reference, epochs=2)
 
     assert type(result.model) is type(model) and keras_flavor_of(result.model) == "keras3"
     communication = result.workers[0]["communication"]
-    assert communication["implementation"].startswith("tfbarrier ring")
     assert communication["bytes_per_pack"] == options.get("communication", {}).get("bytes_per_pack", 16 * 2**20)
     assert result.workers[0]["steps_per_execution"] == options.get("steps_per_execution", 1)
-    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]  # the replicas stayed equal
-    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
-    assert not np.allclose(result.model.get_weights()[0], model.get_weights()[0])  # training moved them
-    for name in ("loss", "mae"):
-        np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
+    trained_as_one_process(result, model, reference, history)
+    x, _ = line_data()
     np.testing.assert_allclose(result.model.predict(x[:4], verbose=0), reference.predict(x[:4], verbose=0),
                                rtol=1e-4, atol=1e-6)
     # save_to: the chief's Keras 3 archive of each epoch; the last one holds the trained weights
@@ -127,6 +117,28 @@ def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, b
     saved = keras.saving.load_model(tmp_path / "epoch-002.keras", custom_objects=OWN_OBJECTS)
     for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
         np.testing.assert_array_equal(trained, kept)
+
+
+def one_process(model, epochs, **fit_args):
+    """``model`` trained by one process (its Keras's fit) on the global batches two workers make of line_df:
+    step i takes rows [16i, 16i+16) of each worker's shard. Its history."""
+    x, y = line_data()
+    half = GLOBAL_BATCH // 2
+    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
+                            for i in range(0, ROWS_PER_WORKER, half)])
+    return model.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0,
+                     **fit_args).history
+
+
+def trained_as_one_process(result, model, reference, history):
+    """The fit's ``result`` (over the ring, from ``model``) ends as ``reference`` trained by one_process did."""
+    assert result.workers[0]["communication"]["implementation"].startswith("tfbarrier ring")
+    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]  # the replicas stayed equal
+    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
+    assert not np.allclose(result.model.get_weights()[0], model.get_weights()[0])  # training moved them
+    for name in ("loss", "mae"):
+        np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
 
 
 def keras_flavor_of(model):
@@ -308,12 +320,18 @@ def test_a_kerashub_text_classifier_on_token_ids_trains_as_one_process_and_score
 
 
 def test_a_native_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninterrupted(spark, line_df, tmp_path):
-    from support import faults
-
     def fit(**kwargs):
         keras.utils.set_random_seed(11)
         return tfbarrier.fit(line_df, gated_model(), features="x", label="y", epochs=3, batch_size=GLOBAL_BATCH,
                              num_workers=2, seed=7, verbose=0, **kwargs)
+
+    resumes_as_if_uninterrupted(fit, tmp_path)
+
+
+def resumes_as_if_uninterrupted(fit, tmp_path):
+    """``fit(**kwargs)`` of 3 epochs on line_df, once uninterrupted and once with worker 1 killed after epoch 1's
+    step 4 and a save every 2 steps, ends alike: the rest of epoch 1 and epoch 2 ran again, nothing more."""
+    from support import faults
 
     uninterrupted = fit()
     result = fit(checkpoint_dir=str(tmp_path), checkpoint_every=2, max_retries=1,

@@ -1,6 +1,5 @@
-"""tf_keras models over tfbarrier's authenticated ring (communication implementation "tfbarrier"; the
-default where the job's traffic must be encrypted): no MultiWorkerMirroredStrategy and no TensorFlow
-server. Two workers end with the weights and history of one tf_keras process fed the same global
+"""tf_keras models over tfbarrier's authenticated ring (communication implementation "tfbarrier", the default
+on CPUs): no MultiWorkerMirroredStrategy and no TensorFlow server. Two workers end with the weights and history of one tf_keras process fed the same global
 batches, validation counts every row once, saved models and a mid-epoch resume work as under the
 strategy."""
 
@@ -8,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import partitioned
-from test_native import GLOBAL_BATCH, ROWS_PER_WORKER, line_data, line_df  # noqa: F401 - line_df: a fixture
+from test_native import (GLOBAL_BATCH, line_df, one_process,  # noqa: F401 - line_df: a fixture
+                         resumes_as_if_uninterrupted, trained_as_one_process)
 
 import tfbarrier
 
@@ -25,17 +25,6 @@ def dense_model(seed=11):
     return model
 
 
-def one_process(model, epochs, **fit_args):
-    """``model`` trained by one tf_keras process on the global batches two workers make of line_df:
-    step i takes rows [16i, 16i+16) of each worker's shard."""
-    x, y = line_data()
-    half = GLOBAL_BATCH // 2
-    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
-                            for i in range(0, ROWS_PER_WORKER, half)])
-    return model.fit(x[order], y[order], batch_size=GLOBAL_BATCH, epochs=epochs, shuffle=False, verbose=0,
-                     **fit_args).history
-
-
 def test_two_workers_train_a_tf_keras_model_over_the_ring_as_one_process_would(spark, line_df, tmp_path):  # noqa: F811
     import tf_keras
 
@@ -45,16 +34,9 @@ def test_two_workers_train_a_tf_keras_model_over_the_ring_as_one_process_would(s
                            save_to=str(tmp_path), verbose=0)
     history = one_process(reference, epochs=2)
 
-    communication = result.workers[0]["communication"]
-    assert communication["implementation"].startswith("tfbarrier ring"), communication
     assert result.workers[0]["steps_per_execution"] == 2
     assert isinstance(result.model, tf_keras.Model)
-    assert result.workers[0]["checksum"] == result.workers[1]["checksum"]  # the replicas stayed equal
-    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
-        np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
-    assert not np.allclose(result.model.get_weights()[0], model.get_weights()[0])  # training moved them
-    for name in ("loss", "mae"):
-        np.testing.assert_allclose(result.history[name], history[name], rtol=1e-4)
+    trained_as_one_process(result, model, reference, history)
     saved = tf_keras.models.load_model(tmp_path / "epoch-002.keras")
     for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
         np.testing.assert_array_equal(trained, kept)
@@ -80,22 +62,8 @@ def test_a_label_per_row_validates_as_in_one_process_however_uneven_the_workers_
 
 def test_a_ring_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninterrupted(spark, line_df,  # noqa: F811
                                                                                       tmp_path):
-    from support import faults
-
     def fit(**kwargs):
         return tfbarrier.fit(line_df, dense_model(), features="x", label="y", epochs=3, batch_size=GLOBAL_BATCH,
                              num_workers=2, seed=7, verbose=0, communication=RING, **kwargs)
 
-    uninterrupted = fit()
-    result = fit(checkpoint_dir=str(tmp_path), checkpoint_every=2, max_retries=1,
-                 callbacks=faults.kill_after_step(worker=1, epoch=1, step=4))
-    first, second = result.attempts
-    assert "killed by signal SIGKILL" in first["error"]
-    steps = uninterrupted.workers[0]["steps_per_epoch"]  # 6: 192 rows in batches of 32
-    assert second["resumed_at"] == {"epoch": 1, "step": 4, "steps_done": steps + 4}  # saved after step 3 (the 4th)
-    assert [w["steps"] for w in result.workers] == [2 * steps - 4] * 2  # the rest of epoch 1, then epoch 2
-    for name, values in uninterrupted.history.items():
-        np.testing.assert_allclose(result.history[name], values, rtol=1e-5, err_msg=name)
-    for trained, expected in zip(result.model.get_weights(), uninterrupted.model.get_weights()):
-        np.testing.assert_allclose(trained, expected, rtol=1e-5, atol=1e-6)
-    assert not (tmp_path / "state").exists()  # a finished fit leaves nothing to resume
+    resumes_as_if_uninterrupted(fit, tmp_path)
