@@ -5,8 +5,8 @@ in one driver after one warm-up fit of each:
   (spark.tfbarrier.encrypt=auto, Spark not encrypting) and over TLS 1.3 (spark.tfbarrier.encrypt=always:
   what a cluster with spark.network.crypto.enabled gets);
 - ``--path translated`` (the model rebuilt in tf_keras): under MultiWorkerMirroredStrategy (TensorFlow's
-  open gRPC server), over tfbarrier's ring in plain TCP (communication implementation "tfbarrier"), and over
-  the ring in TLS 1.3 (encrypt=always, which picks the ring).
+  open gRPC server, its RING collective: communication implementation "ring"), over tfbarrier's ring in
+  plain TCP (the default, "auto"), and over the ring in TLS 1.3 (encrypt=always).
 
 Models and rows: bench/keras3_paths_bench.py's (the slides' CNN, Adam, per-worker batch 64; the 61 M MLP,
 Adam, per-worker batch 32). Per fit: time from the call to worker 0's first finished step, samples/s of
@@ -30,7 +30,7 @@ harness.local_spark_env()
 
 # per path: contender -> (spark.tfbarrier.encrypt, fit's communication implementation); the first is the base
 CONTENDERS = {"native": {"plain": ("auto", "auto"), "TLS 1.3": ("always", "auto")},
-              "translated": {"strategy": ("auto", "auto"), "ring": ("auto", "tfbarrier"),
+              "translated": {"strategy": ("auto", "ring"), "ring": ("auto", "auto"),
                              "ring, TLS 1.3": ("always", "auto")}}
 
 
