@@ -144,8 +144,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         steps_per_execution="auto", communication=None, checkpoint_every=None, mlflow=None, **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
-    Each task trains on its own partition of ``data`` in a TensorFlow process under
-    ``MultiWorkerMirroredStrategy``; gradients are averaged across workers every step.
+    Each task trains on its own partition of ``data`` in a TensorFlow process; gradients are averaged across
+    workers every step over tfbarrier's ring (MultiWorkerMirroredStrategy's with GPUs, "ring" or "nccl").
 
     Parameters
     ----------
@@ -210,9 +210,8 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         Seconds a training process may go without progress (one heartbeat a second while it steps)
         before the fit fails with WorkerStalledError. None disables the watchdog.
     allow_unencrypted : bool
-        With spark.ssl.enabled or spark.network.crypto.enabled on, tfbarrier's own traffic (the driver
-        link, a Keras 3 model's ring) is encrypted, but TensorFlow's gRPC traffic between the workers of a
-        tf_keras model is not: such a fit refuses to run unless this is True.
+        Where Spark encrypts, tfbarrier's own traffic (link, ring) is TLS, but a fit under the strategy
+        ("ring", "nccl") talks TensorFlow's plain gRPC: it runs only with this True (a GPU fit keeps it).
     use_gpu : bool
         Give each training process the GPUs Spark assigned to its task (README, "GPUs").
     verbose : int
@@ -258,9 +257,9 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         a second (at most 100, at most an epoch), or what the model was compiled with if that is not 1.
         None: as the model was compiled. ``FitResult.workers`` reports the count each worker ended with.
     communication : dict, optional
-        The strategy's ``tf.distribute.experimental.CommunicationOptions``: ``bytes_per_pack`` (pack the
-        gradients into all-reduces of about this size), ``timeout_seconds``, ``implementation`` ("auto",
-        "ring" or "nccl"), as TensorFlow takes them; and ``compression``: "fp16" all-reduces the gradients
+        ``implementation``: "auto" (tfbarrier's ring on CPUs, the strategy with ``use_gpu``), "tfbarrier"
+        (the ring), "ring" or "nccl" (MultiWorkerMirroredStrategy's collectives); ``bytes_per_pack`` (pack
+        the gradients into all-reduces of about this size) and ``timeout_seconds``, for either; and ``compression``: "fp16" all-reduces the gradients
         in float16 (half the bytes on the network; about three significant digits, and float16's range),
         "none" (default) in float32. Default: packs of 16 MB, a larger gradient in pieces of one pack
         (``bytes_per_pack=0``: TensorFlow's single all-reduce of every gradient), no compression.

@@ -153,11 +153,11 @@ class _Admission:
 
 def _fail_on_dead_links(sock):
     """Make a dead link (a host cut off or stopped) fail ``sock`` within about DEAD_LINK_SECONDS, where a
-    peer that is only busy (tracing, saving, validating) keeps it alive: its kernel still answers. Idle,
-    TCP keepalive probes find it; with bytes unacknowledged, TCP_USER_TIMEOUT (Linux) does."""
+    peer that is only busy (tracing, saving, validating) keeps it alive: its kernel still answers. TCP
+    keepalive probes find it on the socket a worker waits to read from (no TCP_USER_TIMEOUT: it would also
+    end a connection to a live peer whose receive window stays full while it is busy)."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    probes = {"TCP_KEEPIDLE": DEAD_LINK_SECONDS // 3, "TCP_KEEPINTVL": DEAD_LINK_SECONDS // 6, "TCP_KEEPCNT": 4,
-              "TCP_USER_TIMEOUT": DEAD_LINK_SECONDS * 1000}
+    probes = {"TCP_KEEPIDLE": DEAD_LINK_SECONDS // 3, "TCP_KEEPINTVL": DEAD_LINK_SECONDS // 6, "TCP_KEEPCNT": 4}
     for name, value in probes.items():
         if hasattr(socket, name):  # Linux's; elsewhere the ring's own timeout remains
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
@@ -285,6 +285,14 @@ class Ring:
         stacked = np.zeros((self.size, *np.shape(array)), np.asarray(array).dtype)
         stacked[self.rank] = array
         return self.all_reduce_sum(stacked)
+
+    def broadcast_variables(self, variables):
+        """Give every process rank 0's values of ``variables``: each summed with zeros from the others (exact)."""
+        if self.size == 1:
+            return
+        for variable in variables:
+            value = variable.numpy()
+            variable.assign(self.all_reduce_sum(value if self.rank == 0 else np.zeros_like(value)))
 
     def sum_variables(self, variables, mean=False):
         """Replace each Keras variable (Keras 3's or TensorFlow's) that aggregates by sum (every metric's state)

@@ -8,7 +8,7 @@ optimizer state, so the chief alone writes them; the metric sums are every worke
 first, and the save ends when every worker has passed it on the ring.
 
 Keras 3's ``fit`` starts only at an epoch's first step (it has no mid-epoch hook like tf_keras's
-``_training_state``, which needs the strategy): a resumed attempt runs the rest of the saved epoch as a fit
+``_training_state``, which this callback is for a tf_keras model): a resumed attempt runs the rest of the saved epoch as a fit
 of its own, then the epochs after it (``fit_plan``); the chief adds the saved metric sums back at the first
 step. The callback is tf_keras's kind, which Keras 3's ``fit`` takes as well.
 """
@@ -67,8 +67,9 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
             return
         self._epoch = tf.Variable(-1, dtype=tf.int64, name="checkpoint_epoch")
         self._step = tf.Variable(-1, dtype=tf.int64, name="checkpoint_step")
+        counter = {"train_counter": self.model._train_counter} if hasattr(self.model, "_train_counter") else {}
         checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer, epoch=self._epoch,
-                                         step=self._step)
+                                         step=self._step, **counter)  # tf_keras's step count (TensorBoard's)
         self._manager = tf.train.CheckpointManager(checkpoint, self.directory, max_to_keep=MAX_KEPT)
         if self.resume is not None:
             self._manager.restore_or_initialize()

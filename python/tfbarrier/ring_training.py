@@ -1,6 +1,6 @@
-"""The training process's side of a fit over tfbarrier's ring: a Keras 3 model that trains natively
-(native_model.py), and a tf_keras model whose gradients cross the ring (``communication={"implementation":
-"tfbarrier"}``, or when the job's traffic must be encrypted: job_tls.py).
+"""The training process's side of a fit over tfbarrier's ring, every fit on CPUs by default
+(communication implementation "auto" or "tfbarrier"; api._over_ring): a Keras 3 model that trains natively
+(native_model.py), and a tf_keras model (a model object's, a model function's, a Keras 3 model translated).
 
 No distribution strategy and no TensorFlow server: each worker trains its own copy of the model on its
 shard, in the model's Keras, and two things cross the workers through exchange.Ring, which admits only
@@ -249,6 +249,8 @@ def _model(job, workdir, ring, config, flavor):
         flavor.seed(job.seed)
     tensorflow_mb, _ = fit_training.resident_mb()
     model = flavor.build(job, workdir)
+    if getattr(job.model, "flavor", None) == "function":  # built by each worker: with no seed, each its own weights
+        ring.broadcast_variables(model.weights)  # (the strategy gave every variable worker 0's initial value)
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
     sent = exchange_gradients(model.optimizer, ring, job.communication, flavor)
     sum_metrics(model, ring, flavor.metrics_reader)

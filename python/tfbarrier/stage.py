@@ -61,7 +61,7 @@ def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retrie
     server = _open_link(frame.sparkSession, display, meeting, files, job.tls)
     if server is None:
         job = transfer.with_payloads_inline(job, files)
-    # the key goes only where a training process listens for its ring (a native fit): the rest only connect
+    # the key goes only where a training process listens for its ring (a fit over the ring): the rest only connect
     tls = job.tls.pinned() if job.tls is not None and job.tensorflow_server else job.tls
     job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose, tls=tls)
     try:

@@ -1,11 +1,11 @@
 """No stranger gets in (issue 44): a process outside the job, with no secret and no Spark access,
 tries what a plain TensorFlow client can do to a training process (read a file by placing
 tf.io.read_file on /job:worker/task:N) against every port a training process listens on while a fit
-trains. A fit over tfbarrier's ring (a native Keras 3 model, or a tf_keras model with communication
-implementation "tfbarrier") runs no TensorFlow server, and its training processes listen on no port once
-their ring is made (its admission is tested in test_exchange.py): the stranger gets nothing, and the fit
-goes on unharmed. (A fit under MultiWorkerMirroredStrategy, a tf_keras model's by default where traffic
-need not be encrypted, has its server hand the file over: README, "Security".)"""
+trains. A fit over tfbarrier's ring (every fit on CPUs by default: a native Keras 3 model, a tf_keras model)
+runs no TensorFlow server, and its training processes listen on no port once their ring is made (its
+admission is tested in test_exchange.py): the stranger gets nothing, and the fit goes on unharmed. (A fit
+under MultiWorkerMirroredStrategy, with GPUs or implementation "ring", has its server hand the file over:
+README, "Security".)"""
 
 import subprocess
 import sys
