@@ -17,6 +17,7 @@ import pandas as pd
 import psutil
 import pytest
 import tf_keras
+from conftest import training_processes as session_training_processes
 from test_native import GLOBAL_BATCH, gated_model, line_data
 from test_ring import RING, dense_model
 
@@ -41,7 +42,9 @@ for task in (0, 1):
 
 
 def training_processes():
-    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "tfb-worker"]
+    """This session's adopted training processes (conftest's tag): not another test file's, which the other
+    pytest-xdist worker may be running at the same time."""
+    return [psutil.Process(pid) for pid in session_training_processes()]
 
 
 def listening_ports(processes):
