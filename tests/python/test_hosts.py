@@ -2,8 +2,8 @@
 own address on a bridge the test makes (support/hosts.py), and a driver on the bridge's address.
 
 One 2-host cluster and one driver program run every 2-host scenario (fit with validation_data, save_to
-and checkpoint_dir; a second fit, warm; predict; run; apply; tune; a PythonEnv), then one 3-host cluster
-one fit. The cluster's own controls (shape, cut, stop_host) and its cleanup (on exit, SIGTERM, SIGINT,
+and checkpoint_dir; a second fit, warm; predict; run; apply; tune; a PythonEnv; a stranger on the bridge
+during fits, issue 44; host 1 an impostor, support/impostor), then one 3-host cluster one fit. The cluster's own controls (shape, cut, stop_host) and its cleanup (on exit, SIGTERM, SIGINT,
 and the sweep after a SIGKILL) are tested on their own, mostly without Spark."""
 
 import json
@@ -22,6 +22,8 @@ from support.hosts import HostsCluster, left_behind
 AVAILABLE, WHY_NOT = hosts.available()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=WHY_NOT)
 HERE = os.path.dirname(os.path.abspath(__file__))
+IMPOSTOR = os.path.join(HERE, "support", "impostor")  # its sitecustomize, first on host 1's Python path
+STRANGER_SECRET = "the executor's secrets"
 NOTHING_LEFT = {"namespaces": [], "links": [], "processes": [], "state": []}
 
 
@@ -32,6 +34,7 @@ def drive(cluster, scenarios, **extra):
     config = {"url": cluster.url, "driver": cluster.driver_address, "dir": shared, "scenarios": scenarios,
               "tag": SESSION_TAG, "run_id": cluster.run_id,
               "hosts": [cluster.host_address(i) for i in range(cluster.hosts)],
+              "namespaces": [cluster.namespace(i) for i in range(cluster.hosts)],
               "host_tmp": [os.path.join(cluster.host_dir(i), "tmp") for i in range(cluster.hosts)], **extra}
     return run_driver("hosts_driver.py", json.dumps(config), timeout=900,
                       env=dict(os.environ, SPARK_LOCAL_IP=cluster.driver_address))
@@ -58,10 +61,18 @@ def two_hosts(tmp_path_factory):
     left once it was gone."""
     loads = str(tmp_path_factory.mktemp("model-loads"))
     model_loads = [os.path.join(loads, f"host{i}.log") for i in range(2)]
+    impostor = os.path.join(loads, "impostor")  # host 1 is an impostor while this file exists
+
+    def env(i):
+        if i == 0:
+            return {"TFBARRIER_MODEL_LOAD_LOG": model_loads[i]}
+        return {"TFBARRIER_MODEL_LOAD_LOG": model_loads[i], "TFBARRIER_TEST_IMPOSTOR": impostor,
+                "PYTHONPATH": os.pathsep.join(p for p in (IMPOSTOR, os.environ.get("PYTHONPATH")) if p)}
+
     clock = Clock()
-    with HostsCluster(hosts=2, env=lambda i: {"TFBARRIER_MODEL_LOAD_LOG": model_loads[i]}) as cluster:
+    with HostsCluster(hosts=2, env=env) as cluster:
         clock.mark("cluster start")
-        outcome = drive(cluster, "two", model_loads=model_loads)
+        outcome = drive(cluster, "two", model_loads=model_loads, impostor=impostor, stranger_secret=STRANGER_SECRET)
         clock.mark("driver program")
         spark = {name: proc.pid for name, proc in cluster.procs}
         before = {i: cluster.pids(i) for i in range(2)}
@@ -145,6 +156,29 @@ def test_a_python_env_is_built_once_per_host_then_reused(two_hosts):
     assert [w["environment"]["built"] for w in second] == [False, False]
     assert len({w["python_prefix"] for w in first}) == 2  # two hosts, two copies
     assert {w["python_prefix"] for w in second} == {w["python_prefix"] for w in first}
+
+
+def test_a_stranger_on_the_bridge_gets_nothing_run_by_a_fit_over_the_ring_across_hosts(two_hosts):
+    found = succeeded(two_hosts, "strangers")
+    ring, strategy = found["ring"], found["strategy"]
+    # the same stranger reads the file through the strategy's servers: it finds what it looks for
+    assert sorted(strategy["ports"]) == sorted(two_hosts["addresses"]["hosts"]) and all(strategy["ports"].values())
+    assert any(f"READ {STRANGER_SECRET}" in answer for answer in strategy["answers"]), strategy["answers"]
+    # over the ring, the training processes on both hosts listen on nothing while they train
+    assert ring["ports"] == {host: [] for host in two_hosts["addresses"]["hosts"]}, ring["ports"]
+    assert not any("READ" in answer for answer in ring["answers"])
+    for fit in (ring, strategy):  # the stranger came while they trained, and they went on unharmed
+        assert fit["alive_after"] and fit["steps"] == [40, 40]
+        assert fit["checksums"][0] == fit["checksums"][1]
+
+
+def test_a_fit_whose_peers_cannot_authenticate_each_other_fails_naming_the_cause_without_hanging(two_hosts):
+    failed = two_hosts["impostor"]
+    assert failed["class"] == "WorkerError", failed
+    # either worker's side: its peer did not prove the job's secret, or refused this one's proof of it
+    assert "job's secret" in failed["message"] and "are both of this job?" in failed["message"], failed
+    assert failed["seconds"] < 120, failed  # not the ring's wait (stall_timeout, 300 s) for a peer that proves it
+    assert failed["left"] == [], failed
 
 
 def test_stop_host_kills_every_process_of_that_host_and_none_of_the_others(two_hosts):

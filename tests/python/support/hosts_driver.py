@@ -2,18 +2,22 @@
 hosts (network namespaces), from a driver bound to the bridge's address. argv[1] is a JSON object:
 url (the master), driver (the bridge's address), hosts (their addresses), dir (a directory every host
 sees), tag (the test session's, which the cluster's processes carry), run_id (the cluster's), host_tmp
-(each host's TMPDIR), model_loads (each host's predict model-load log) and scenarios: "two" (fit with
+(each host's TMPDIR), model_loads (each host's predict model-load log), namespaces (the hosts'),
+impostor (the file that makes host 1 an impostor: support/impostor) and scenarios: "two" (fit with
 validation_data, save_to and checkpoint_dir; a second fit, warm; predict; run; apply; tune; a PythonEnv
-twice) or "three" (one fit). Prints one JSON line: each scenario's outcome, or its error."""
+twice; a stranger during fits; an impostor host) or "three" (one fit). Prints one JSON line: each
+scenario's outcome, or its error."""
 
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
 import numpy as np
 from conftest import digits_cnn, digits_frames, held_out_accuracy, make_spark, meet_in_pairs, training_processes
+from support import stranger
 from support.hosts import run_processes
 from test_environments import write_wheel
 
@@ -178,13 +182,83 @@ def python_env():
     return {"fits": fits, "builds": [len(open(p).read().splitlines()) if os.path.exists(p) else 0 for p in logs]}
 
 
+def run_training_processes():
+    """The cluster's adopted training processes (the session's tag and the run's marker)."""
+    return sorted(set(training_processes(tag=config["tag"])) & set(run_processes(config["run_id"])))
+
+
+def host_of(pid):
+    """The address of the host (network namespace) process ``pid`` runs in."""
+    inode = os.stat(f"/proc/{pid}/ns/net").st_ino
+    return next(address for address, name in zip(config["hosts"], config["namespaces"])
+                if os.stat(f"/run/netns/{name}").st_ino == inode)
+
+
+def slowly():
+    """Callbacks that keep a fit training (a second a step), so the stranger finds it at work."""
+    import time
+
+    import tf_keras
+
+    class Slowly(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
+        def on_train_batch_end(self, batch, logs=None):
+            time.sleep(1.0)
+
+    return [Slowly()]
+
+
+def stranger_during(communication, marker):
+    """support/stranger.py, from the driver's place on the bridge, against every port each training process
+    of a fit listens on, at its host's address, while the fit trains; then the fit's outcome."""
+    outcome = {}
+    fit = threading.Thread(target=lambda: outcome.update(result=tfbarrier.fit(
+        df, digits_cnn(), epochs=1, steps_per_epoch=40, callbacks=slowly, communication=communication, **FIT)))
+    fit.start()
+    wait_for(lambda: len(run_training_processes()) == HOSTS)
+    time.sleep(3.0)  # past the ring's making: the processes train
+    ports = {host_of(pid): stranger.listening_ports([pid]) for pid in run_training_processes()}
+    answers = [answer for host, found in ports.items() for answer in stranger.attempt(host, found, marker)]
+    alive = fit.is_alive()
+    fit.join(timeout=300)
+    result = outcome.get("result")
+    return {"ports": ports, "answers": answers, "alive_after": alive,
+            "steps": result and [w["steps"] for w in result.workers],
+            "checksums": result and [w["checksum"] for w in result.workers]}
+
+
+def strangers():
+    """A stranger during a fit over the ring (the default), then under MultiWorkerMirroredStrategy (the
+    implementation "ring"), which shows what the stranger looks for."""
+    marker = os.path.join(config["dir"], "stranger-marker.txt")
+    with open(marker, "w") as f:
+        f.write(config["stranger_secret"])
+    return {"ring": stranger_during(None, marker), "strategy": stranger_during({"implementation": "ring"}, marker)}
+
+
+def impostor():
+    """A fit while host 1 is an impostor (support/impostor: its training process joins the ring with another
+    secret): its error, the seconds it took, and the training processes left 30 s after."""
+    open(config["impostor"], "w").close()
+    started = time.monotonic()
+    try:
+        tfbarrier.fit(df, digits_cnn(), epochs=1, steps_per_epoch=5, **FIT)
+        failed = {"class": None}
+    except Exception as exc:  # the outcome under test
+        failed = {"class": type(exc).__name__, "message": str(exc), "seconds": round(time.monotonic() - started, 1)}
+    finally:
+        os.remove(config["impostor"])
+    wait_for(lambda: not run_training_processes(), seconds=30)
+    return dict(failed, left=run_training_processes())
+
+
 def three_hosts():
     result = tfbarrier.fit(df, digits_cnn(), epochs=1, **FIT)
     return {"workers": workers(result, "rows"), "loss": result.history["loss"]}
 
 
 SCENARIOS = {
-    "two": [fit_with_validation_saving_and_checkpoints, second_fit, predict, run, apply, tune, python_env],
+    "two": [fit_with_validation_saving_and_checkpoints, second_fit, predict, run, apply, tune, python_env, strangers,
+            impostor],
     "three": [three_hosts],
 }
 outcomes["executors"] = wait_for(lambda: len(executors()) == HOSTS) and executors()
