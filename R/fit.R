@@ -2,7 +2,7 @@
 #'
 #' Runs one Spark barrier stage of `num_workers` tasks; each trains on its own partition of the data
 #' in a TensorFlow process (gradients averaged every step over tfbarrier's authenticated ring, or under
-#' `MultiWorkerMirroredStrategy` with GPUs). The
+#' `MultiWorkerMirroredStrategy` with several GPUs per worker). The
 #' work is done by the Python core, `tfbarrier.fit()`.
 #'
 #' @param sdf The training data: a sparklyr `tbl_spark` (trained in its own connection's application, see

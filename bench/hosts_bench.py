@@ -17,9 +17,13 @@ The contenders are bench/fit_bench.py's, on the same workload (bench/workloads.p
   barrier job by hand            TF_CONFIG from the task addresses and fixed ports, its defaults
   one process on one host        the limit: one TensorFlow process at the global batch, no network,
                                  on host 0 (a namespace shares the machine's 2 cores: it has both)
-  Keras 3 native[, over TLS]     (only when named by --contenders: "native", "native-tls") the model
-                                 trained natively, its gradients over tfbarrier's ring, plain or over
-                                 TLS 1.3 (spark.tfbarrier.encrypt=always: what an encrypting cluster gets)
+  (only when named by --contenders: what the protection of issue 44 costs)
+  tfbarrier.fit over TLS         "tls": the default over TLS 1.3 (spark.tfbarrier.encrypt=always: what an
+                                 encrypting cluster gets)
+  tfbarrier.fit, the strategy    "strategy": communication={"implementation": "ring"}, under
+                                 MultiWorkerMirroredStrategy with its open gRPC servers (the default
+                                 before tfbarrier's authenticated ring)
+  Keras 3 native[, over TLS]     "native", "native-tls": the model trained natively, plain or over TLS
 
 Throughput is worker 0's samples/s over epochs 2.. (the first epoch's start-up left out). With 3
 hosts only tfbarrier's contenders run unless --peers-on-three (time). Each round runs every model,
@@ -28,7 +32,7 @@ link and contender once; min / median / max over the rounds. Writes the sections
 
     PYTHONPATH=build/bench-site .venv/bin/python bench/hosts_bench.py [--models cnn large]
         [--rates unshaped 10gbit 1gbit 100mbit] [--hosts 2 3] [--rounds 3] [--pack 1048576]
-        [--contenders default native native-tls --section=-encryption]
+        [--contenders default tls strategy --section=-encryption]
 """
 
 import argparse
@@ -62,8 +66,12 @@ DEFAULT, FP16, DISTRIBUTOR, BY_HAND = ("tfbarrier.fit (default)", "tfbarrier.fit
 PEERS = (DISTRIBUTOR, BY_HAND)
 LIMIT = "one process on one host (limit)"
 CONTENDERS = ("default", "fp16", "packs", "distributor", "by-hand", "limit")  # --contenders
-NATIVE = {"native": ("tfbarrier.fit, Keras 3 native", "auto"),  # name, spark.tfbarrier.encrypt
-          "native-tls": ("tfbarrier.fit, Keras 3 native over TLS", "always")}
+# --contenders key: (name, fit's communication, session conf for the run)
+CONFIGURED = {"tls": ("tfbarrier.fit over TLS", None, {"spark.tfbarrier.encrypt": "always"}),
+              "strategy": ("tfbarrier.fit, the strategy", {"implementation": "ring"}, {}),
+              "native": ("tfbarrier.fit, Keras 3 native", None, {"spark.tfbarrier.keras3Training": "native"}),
+              "native-tls": ("tfbarrier.fit, Keras 3 native over TLS", None,
+                             {"spark.tfbarrier.keras3Training": "native", "spark.tfbarrier.encrypt": "always"})}
 ON_THREE = ("default", "fp16", "packs")
 PACK = 1 << 20
 # tbf's bucket: 64 KB, one TCP segmentation-offload packet, as a NIC serializes onto its link. tbf's
@@ -113,10 +121,9 @@ def contenders(spark, df, job, keys, packs):
             runs[DISTRIBUTOR] = fit_bench.distributor(job)
         elif key == "by-hand":
             runs[BY_HAND] = fit_bench.barrier_by_hand(spark, job)
-        elif key in NATIVE:
-            name, encrypt = NATIVE[key]
-            runs[name] = with_conf(spark, fit_bench.tfbarrier_fit(df, job), {
-                "spark.tfbarrier.keras3Training": "native", "spark.tfbarrier.encrypt": encrypt})
+        elif key in CONFIGURED:
+            name, communication, conf = CONFIGURED[key]
+            runs[name] = with_conf(spark, fit_bench.tfbarrier_fit(df, job, communication=communication), conf)
     return runs
 
 
@@ -278,7 +285,7 @@ def main():
     parser.add_argument("--steps", type=int, default=None, help="steps per epoch (default: cnn 40, large 12)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--packs", type=int, nargs="+", default=[PACK], help="bytes_per_pack of the packs contenders")
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS + tuple(NATIVE), default=list(CONTENDERS),
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS + tuple(CONFIGURED), default=list(CONTENDERS),
                         help="on 2 hosts")
     parser.add_argument("--contenders-on-three", nargs="+", choices=CONTENDERS, default=list(ON_THREE),
                         help="on 3 hosts (default: tfbarrier's, for time)")

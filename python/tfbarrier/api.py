@@ -2,6 +2,7 @@
 before any Spark job, makes its kind of job (fit_job.FitJob, job.RunJob, job.ApplyJob) and runs its
 barrier stage (stage.run)."""
 
+import functools
 import random
 import time
 
@@ -78,20 +79,21 @@ def _python_env(spark, env):
     return env
 
 
-def _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads=None, tensorflow_server=True):
-    """What every job asks of the cluster before its stage, as the Job fields every kind shares: its Python
-    environment (an archive is shipped), the GPU plan, encryption (refused for ``tensorflow_server`` jobs
-    unless allowed), the executors' Python and ``num_workers`` free slots. Returns (those fields, GPUs per
-    worker)."""
+def _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads=None, over_ring=None):
+    """What every job asks of the cluster before its stage, as the Job fields every kind shares: its Python environment
+    (an archive is shipped), the GPU plan, encryption (refused unless allowed where workers talk through TensorFlow's
+    server: all but a fit ``over_ring(GPUs per worker)``), the executors' Python and ``num_workers`` free slots.
+    Returns (those fields, GPUs per worker, over the ring)."""
     tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
     env = _python_env(spark, env)
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
-    tls = job_tls.for_job(spark, allow_unencrypted, tensorflow_server)
+    ring = bool(over_ring and over_ring(gpus_per_worker))
+    tls = job_tls.for_job(spark, allow_unencrypted, tensorflow_server=not ring)
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     basics = {"env": env, "gpus": gpu_plan, "spare_idle_timeout": cluster.spare_idle_timeout(spark),
               "started_at": started, "tf_threads": tf_threads, "tls": tls}
-    return basics, gpus_per_worker
+    return basics, gpus_per_worker, ring
 
 
 def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer, steps_per_execution,
@@ -211,7 +213,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         before the fit fails with WorkerStalledError. None disables the watchdog.
     allow_unencrypted : bool
         Where Spark encrypts, tfbarrier's own traffic (link, ring) is TLS, but a fit under the strategy
-        ("ring", "nccl") talks TensorFlow's plain gRPC: it runs only with this True (a GPU fit keeps it).
+        ("ring", "nccl") talks TensorFlow's plain gRPC: it runs only with this True.
     use_gpu : bool
         Give each training process the GPUs Spark assigned to its task (README, "GPUs").
     verbose : int
@@ -257,13 +259,11 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         a second (at most 100, at most an epoch), or what the model was compiled with if that is not 1.
         None: as the model was compiled. ``FitResult.workers`` reports the count each worker ended with.
     communication : dict, optional
-        ``implementation``: "auto" (tfbarrier's ring on CPUs, the strategy with ``use_gpu``), "tfbarrier"
-        (the ring), "ring" or "nccl" (MultiWorkerMirroredStrategy's collectives); ``bytes_per_pack`` (pack
-        the gradients into all-reduces of about this size) and ``timeout_seconds``, for either; and ``compression``: "fp16" all-reduces the gradients
-        in float16 (half the bytes on the network; about three significant digits, and float16's range),
-        "none" (default) in float32. Default: packs of 16 MB, a larger gradient in pieces of one pack
-        (``bytes_per_pack=0``: TensorFlow's single all-reduce of every gradient), no compression.
-        ``FitResult.workers`` reports it.
+        ``implementation``: "auto" (tfbarrier's ring; the strategy for several GPUs per worker), "tfbarrier" (the
+        ring), "ring" or "nccl" (MultiWorkerMirroredStrategy's collectives); ``bytes_per_pack`` (all-reduces of
+        about this size; 0: one of every gradient), ``timeout_seconds``; ``compression`` "fp16" all-reduces the
+        gradients in float16 (half the bytes; about three significant digits, float16's range), "none"
+        (default) in float32. Default: packs of 16 MB, no compression. ``FitResult.workers`` reports it.
     mlflow : bool, str or mlflow.ActiveRun, optional
         Log the fit to MLflow (``pip install tfbarrier[mlflow]``), from the driver: True logs to the active
         run, else to a new run in the current experiment; a string names the experiment of a new run (a
@@ -295,12 +295,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
                                          named=layout.named)
         if getattr(spec, "native", False):
             _native_options(communication, class_weight if layout.outputs else None)
-        ring = _over_ring(spec, training["communication"], job_tls.required(spark) and not allow_unencrypted, use_gpu)
+        over_ring = functools.partial(_over_ring, spec, training["communication"], spark, allow_unencrypted)
         callbacks = checks.callbacks_function(callbacks)
         checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
         checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
-        basics, gpus_per_worker = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads,
-                                              tensorflow_server=not ring)
+        basics, gpus_per_worker, ring = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started,
+                                                    tf_threads, over_ring)
         gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker, ring)
         memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
@@ -311,14 +311,15 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         return _run_fit(frame, job, model, files, num_workers, staging, tracked)
 
 
-def _over_ring(spec, communication, encrypted, use_gpu):
-    """Whether a fit trains over tfbarrier's authenticated ring rather than MultiWorkerMirroredStrategy: a
-    native Keras 3 model always; a tf_keras one with ``implementation`` "tfbarrier", or "auto" (the default)
-    unless it trains on GPUs (which keep NCCL under the strategy) where traffic need not be ``encrypted``."""
+def _over_ring(spec, communication, spark, allow_unencrypted, gpus_per_worker):
+    """Whether a fit trains over tfbarrier's authenticated ring rather than MultiWorkerMirroredStrategy: a native
+    Keras 3 model always; a tf_keras one with ``implementation`` "tfbarrier", or "auto" (the default) unless its
+    workers have several GPUs each (local replicas) where traffic need not be encrypted."""
     implementation = (communication or {}).get("implementation", "auto")
     if getattr(spec, "native", False) or implementation == RING:
         return True
-    return implementation == "auto" and (encrypted or not use_gpu)
+    encrypted = job_tls.required(spark) and not allow_unencrypted
+    return implementation == "auto" and (encrypted or gpus_per_worker <= 1)
 
 
 def _native_options(communication, class_weight_of_outputs):
@@ -363,7 +364,7 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     except Exception as exc:
         raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
     spark = _spark_session(spark)
-    basics, _ = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
+    basics, *_ = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
     with transfer.JobFiles() as files:
         job = RunJob(function=files.add_bytes("function.pkl", function), **basics)
         frame = spark.range(0, num_workers, numPartitions=num_workers)
@@ -390,7 +391,7 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     num_workers = checks.positive_int("num_workers", num_workers)
     staging = _stage_arguments(verbose, timeout=timeout)
     output_schema = checks.output_schema(columns)
-    basics, _ = _job_basics(data.sparkSession, env, use_gpu, num_workers, allow_unencrypted, started)
+    basics, *_ = _job_basics(data.sparkSession, env, use_gpu, num_workers, allow_unencrypted, started)
     frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
     with transfer.JobFiles() as files:
         job = ApplyJob(function=files.add_bytes("function.pkl", pickle_user_code(fn, fn)),

@@ -34,6 +34,8 @@ def test_each_task_sees_its_own_gpu_on_a_two_executor_cluster():
     assert len({w["executor"] for w in workers}) == 2  # two executors, two tasks each
     assert len({(w["executor"], w["gpus"]) for w in workers}) == 4  # no GPU handed to two tasks
     assert {w["gpus"] for w in workers} <= {"0", "1", "2", "3"}
+    # one GPU per worker trains over tfbarrier's authenticated ring by default: no TensorFlow server listens
+    assert {w["communication"]["implementation"] for w in workers} == {"tfbarrier ring (authenticated)"}
 
 
 def test_use_gpu_on_a_cluster_without_gpu_resources_is_refused_with_the_settings():

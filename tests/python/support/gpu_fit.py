@@ -1,7 +1,7 @@
 """Driver program for test_gpus: argv = master, JSON of Spark settings, JSON of fit arguments, and how
 many fits to run one after the other (default 1: later fits may take spares). Prints one JSON line: the
-last fit's workers (executor, CUDA_VISIBLE_DEVICES as each training process read it, warm start) and
-every fit's as "fits", or the error."""
+last fit's workers (executor, CUDA_VISIBLE_DEVICES as each training process read it, warm start, what
+carried its gradients) and every fit's as "fits", or the error."""
 
 import json
 import sys
@@ -20,7 +20,8 @@ try:
     for _ in range(fits):
         result = tfbarrier.fit(spark.createDataFrame(pd.DataFrame(train)), digits_cnn(), features="pixels",
                                label="digit", epochs=1, **kwargs)
-        outcome["workers"] = [{key: w[key] for key in ("executor", "gpus", "warm_start")} for w in result.workers]
+        outcome["workers"] = [{key: w[key] for key in ("executor", "gpus", "warm_start", "communication")}
+                              for w in result.workers]
         outcome["fits"].append(outcome["workers"])
 except tfbarrier.errors.TfBarrierError as exc:
     outcome = {"error": type(exc).__name__, "message": str(exc)}
