@@ -197,10 +197,15 @@ class Ring:
             raise WorkerError(f"worker {(rank - 1) % size} did not join the ring within {timeout:g} s "
                               f"({admission.refused} connection(s) without the job's secret refused)",
                               worker=(rank - 1) % size, retryable=True)
-        for sock in (left, right):
-            sock.settimeout(timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _fail_on_dead_links(sock)
+        try:
+            for sock in (left, right):
+                sock.settimeout(timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _fail_on_dead_links(sock)
+        except OSError as exc:  # a neighbour gone in the meantime: neither connection left open
+            left.close()
+            right.close()
+            raise WorkerError(f"the ring's connections failed as they were made ({exc})", retryable=True) from None
         return cls(rank, size, left, right, timeout)
 
     @staticmethod

@@ -40,6 +40,12 @@ def fit_plan(resume, epochs, steps_per_epoch):
     return plan
 
 
+def average_moving_statistics(ring, model):
+    """Every worker's non-trainable float weights (BatchNormalization's moving mean and variance, which each
+    worker updates from its own rows) replaced by their mean across ``ring``, as the strategy reads them."""
+    ring.sum_variables([v for v in model.non_trainable_variables if "float" in str(v.dtype)], mean=True)
+
+
 class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
     """Saves and restores the training state (see the module); the arguments are checkpoints.Checkpoints'
     and the ``ring``. ``begin_fit`` says where each of the attempt's fits starts."""
@@ -107,10 +113,7 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
 
     def _save(self, epoch, step, done):
         started = time.perf_counter()
-        # the moving statistics (BatchNormalization's) each worker keeps of its own rows, averaged as at an
-        # epoch's end (ring_training.AverageState): the chief saves what every worker resumes from
-        self.ring.sum_variables([v for v in self.model.non_trainable_variables if "float" in str(v.dtype)],
-                                mean=True)
+        average_moving_statistics(self.ring, self.model)  # as at an epoch's end: what every worker resumes from
         variables = metric_variables(self.model)
         values = [np.asarray(variable.numpy(), np.float64) for _, variable in variables]
         total = self.ring.all_reduce_sum(np.concatenate([v.reshape(-1) for v in values] or [np.zeros(0)]))

@@ -32,7 +32,7 @@ from .checkpoints import resume_point, start_of
 from .errors import WorkerError
 from .model_spec import write_weights
 from .results import FitOutput, ProcessReport
-from .ring_checkpoints import RingCheckpoints, fit_plan
+from .ring_checkpoints import RingCheckpoints, average_moving_statistics, fit_plan
 
 TRAINED_ARCHIVE_FILE = "trained.keras"  # a Keras 3 chief's trained model, for the driver
 COMMUNICATION = {"implementation": "tfbarrier ring (authenticated)"}
@@ -359,17 +359,15 @@ class GlobalBatchLogs(tf_keras.callbacks.Callback):
 
 
 class AverageState(tf_keras.callbacks.Callback):
-    """At each epoch's end, every worker's non-trainable float weights (BatchNormalization's moving mean
-    and variance, which each worker updates from its own rows) replaced by their mean across ``ring``: the
-    model validated, saved and returned is one model, as the strategy reads such weights averaged."""
+    """At each epoch's end, the moving statistics averaged across ``ring`` (average_moving_statistics): the
+    model validated, saved and returned is one model."""
 
     def __init__(self, ring):
         super().__init__()
         self.ring = ring
 
     def on_epoch_end(self, epoch, logs=None):
-        self.ring.sum_variables([v for v in self.model.non_trainable_variables if "float" in str(v.dtype)],
-                                mean=True)
+        average_moving_statistics(self.ring, self.model)
 
 
 class StopTogether(tf_keras.callbacks.Callback):
