@@ -358,8 +358,8 @@ def check_limit(name, drivers):
     from tfbarrier import memory
 
     budget, optimizer = statistics.median(d["worker_budget"] for d in drivers), MODELS[name][1]
-    room = budget - memory.TENSORFLOW_BYTES - memory.STEP_COPIES * memory.SMALL_MODEL_BYTES
-    largest = room / (4 * (memory.STEP_COPIES + (2 if optimizer == "adam" else 0)))
+    room = budget - memory.TENSORFLOW_BYTES  # a fit over the ring (the default)
+    largest = room / (4 * (memory.RING_STEP_COPIES + (2 if optimizer == "adam" else 0)))
     return (f"{name} {budget / 2**30:.1f} GiB (the largest {optimizer.upper()} model it accepts then: "
             f"{largest / 1e6:,.0f} M parameters)")
 

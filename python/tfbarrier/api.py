@@ -302,7 +302,7 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         basics, gpus_per_worker, ring = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started,
                                                     tf_threads, over_ring)
         gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker, ring)
-        memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers)
+        memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers, ring)
         frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
         job = FitJob(model=spec, layout=layout, source=source,
                      callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,

@@ -4,13 +4,15 @@ end the job (or the machine) mid-way.
 
 A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the
 model's weights, their gradients, the all-reduced pieces of the gradients and their joined sums
-(STEP_COPIES of the trainable weights in all, and as many again of the first SMALL_MODEL_BYTES, which
-TensorFlow's allocator keeps once it has them), the optimizer's slots (none for plain SGD, one copy
+(RING_STEP_COPIES of the trainable weights over tfbarrier's ring; under MultiWorkerMirroredStrategy
+STEP_COPIES, and as many again of the first SMALL_MODEL_BYTES, which TensorFlow's allocator keeps once
+it has them there), the optimizer's slots (none for plain SGD, one copy
 of the trainable weights with momentum, two for Adam...: their updates' temporaries fit in what the
 step holds anyway), and each layer's output on a batch, kept for the backward pass with its gradient
 (ACTIVATION_COPIES). The constants come from the peaks of real 2-worker fits
 (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
-momentum and Adam); bench/README.md has the estimate beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
+momentum and Adam; the strategy's at ec8e299, the ring's at 63fde93); bench/README.md has the estimate
+beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
 
 What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
 the machine's available memory shared by every worker, less a tenth of the machine (HEADROOM: the
@@ -34,7 +36,8 @@ from .settings import MEMORY_CHECK_CONF, switched_on
 MIB = 2**20
 TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
-STEP_COPIES = 4.4  # weights, gradients, their all-reduced pieces and sums: in trainable weights (see above)
+RING_STEP_COPIES = 4.9  # weights, gradients, a pack of them joined, its sum: in trainable weights (see above)
+STEP_COPIES = 4.4  # the same under the strategy ...
 SMALL_MODEL_BYTES = 128 * MIB  # ... and as many copies again of this much of them
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
 HEADROOM = 0.1  # of a host's memory, kept from the workers' share (see above)
@@ -77,17 +80,22 @@ class ModelSize:
     optimizer: str
     inputs: int = 0  # bytes of a sample's inputs
     activations: int = 0  # bytes of a sample's layer outputs (0 where the model does not tell them)
+    ring: bool = True  # trained over tfbarrier's ring, else under MultiWorkerMirroredStrategy
 
     @classmethod
-    def of(cls, model):
+    def of(cls, model, ring=True):
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
-                   inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model))
+                   inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
+                   ring=ring)
 
     def parts(self, rows):
         """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
-        step = STEP_COPIES * (self.trainable + min(self.trainable, SMALL_MODEL_BYTES))
+        if self.ring:
+            step = RING_STEP_COPIES * self.trainable
+        else:
+            step = STEP_COPIES * (self.trainable + min(self.trainable, SMALL_MODEL_BYTES))
         return {"TensorFlow": TENSORFLOW_BYTES,
                 "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
                 f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
@@ -210,15 +218,16 @@ def executor_budget(spark, num_workers):
     return None
 
 
-def check_on_driver(spark, size, rows, num_workers):
-    """Refuse, before the stage, a model whose workers cannot fit where the driver can tell."""
+def check_on_driver(spark, size, rows, num_workers, ring=True):
+    """Refuse, before the stage, a model whose workers cannot fit where the driver can tell (``ring``: a fit
+    over tfbarrier's ring, else under the strategy)."""
     if size is None or not enabled(spark.conf.get):
         return
     budget = executor_budget(spark, num_workers)
     if budget is None:
         return
     can_have, why, fix = budget
-    _refuse_over(size, rows, can_have, why, fix)
+    _refuse_over(dataclasses.replace(size, ring=ring), rows, can_have, why, fix)
 
 
 def check_on_host(size, rows, workers_on_host, already_held):

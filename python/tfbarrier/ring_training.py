@@ -256,8 +256,8 @@ def _model(job, workdir, ring, config, flavor):
     sum_metrics(model, ring, flavor.metrics_reader)
     baseline_mb, _ = fit_training.resident_mb()
     if job.memory_check:
-        memory.check_on_host(memory.ModelSize.of(model), job.batch_size // ring.size, config["workers_on_host"],
-                             int((baseline_mb - tensorflow_mb) * 2**20))
+        memory.check_on_host(memory.ModelSize.of(model, ring=True), job.batch_size // ring.size,
+                             config["workers_on_host"], int((baseline_mb - tensorflow_mb) * 2**20))
     return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}, sent
 
 

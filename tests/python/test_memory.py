@@ -57,8 +57,8 @@ def test_a_model_the_executors_cannot_hold_is_refused_before_the_stage_with_the_
     assert outcome["error"] == "ModelError"
     message = outcome["message"]
     assert "each training process needs about" in message and "spark.executor.pyspark.memory is 700m" in message
-    # 80 MB of weights (MB of 2**20 bytes): memory.py's copies of them in a step, and Adam's 2 slots
-    assert "weights, gradients and their all-reduce 706 MB, Adam's slots (2 per weight) 160 MB" \
+    # 80 MB of weights (MB of 2**20 bytes): memory.py's copies of them in a step over the ring (4.9), Adam's 2 slots
+    assert "weights, gradients and their all-reduce 393 MB, Adam's slots (2 per weight) 160 MB" \
         in message, message
     assert "raise spark.executor.pyspark.memory" in message and "spark.tfbarrier.memoryCheck=false" in message
 
@@ -182,7 +182,7 @@ def test_on_a_local_master_workers_that_would_take_all_the_available_memory_are_
 
     machine = psutil.virtual_memory()
     share = (machine.available - memory.HEADROOM * machine.total / 2) / 2  # between the two: half the headroom
-    trainable = int((share - memory.TENSORFLOW_BYTES) / memory.STEP_COPIES) - memory.SMALL_MODEL_BYTES
+    trainable = int((share - memory.TENSORFLOW_BYTES) / memory.RING_STEP_COPIES)  # a fit over the ring
     size = memory.ModelSize(weights=trainable, trainable=trainable, slots=0, optimizer="SGD")
     assert machine.available / 2 > size.worker_bytes(rows=0) > (machine.available - memory.HEADROOM * machine.total) / 2
     with pytest.raises(ModelError, match=r"a tenth of its memory kept"):
