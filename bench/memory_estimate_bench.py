@@ -4,8 +4,9 @@ Real 2-worker ``tfbarrier.fit`` calls on local[2] (Spark's default memory, ``spa
 off so that every model trains), 4 steps of global batch 64, each model's fits in a driver of their
 own: Dense-heavy MLPs (input 1024, two hidden layers: 12, 61, 150 and 300 M parameters) and conv-heavy
 CNNs (64x64x3 images, four convolutions of 64-128 or 128-256 filters: little weight, much activation),
-each with plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on these peaks;
-mlp150's SGD row was first run after them (the slot constant was set after its other rows). A training
+each with plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on these peaks:
+the strategy's at ec8e299 (mlp150's SGD row first run after them), the ring's (RING_STEP_COPIES, the
+default fit's) on the peaks of a run at 63fde93, then checked by the next run. A training
 process reports its peak resident memory (``ru_maxrss``: it includes TensorFlow itself) in
 ``FitResult.workers[i]["memory"]``; the row takes the larger of the two workers', against
 ``memory.ModelSize.worker_bytes``, what the check on the driver compares with what a worker can have.

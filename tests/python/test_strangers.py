@@ -7,6 +7,7 @@ admission is tested in test_exchange.py): the stranger gets nothing, and the fit
 stranger reads the file through a fit under MultiWorkerMirroredStrategy (implementation "ring": what every
 fit was before the ring), so the test can see what it looks for. test_hosts.py does the same across hosts."""
 
+import os
 import threading
 import time
 
@@ -23,13 +24,21 @@ from support import stranger
 import tfbarrier
 
 SECRET = "the executor's secrets"
+STEPS = 5
 
 
-class Slowly(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
-    """Keeps a fit training for a while (0.3 s a step), so the stranger finds it at work."""
+class HeldWhile(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
+    """Holds the fit after a step while the file ``path`` exists (at most 120 s), so the stranger finds it at
+    work: its ring made, its processes training."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
 
     def on_train_batch_end(self, batch, logs=None):
-        time.sleep(0.3)
+        deadline = time.monotonic() + 120
+        while os.path.exists(self.path) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 @pytest.mark.parametrize("build, options, over_ring", [
@@ -38,12 +47,13 @@ class Slowly(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's cal
     ids=["native_keras3", "tf_keras_over_the_ring", "tf_keras_under_the_strategy"])
 def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_fit_over_the_ring(spark, line_df, tmp_path,
                                                                                      build, options, over_ring):
-    marker = tmp_path / "marker.txt"
+    marker, hold = tmp_path / "marker.txt", str(tmp_path / "hold")
     marker.write_text(SECRET)
+    open(hold, "w").close()
     outcome = {}
     fit = threading.Thread(target=lambda: outcome.update(result=tfbarrier.fit(
-        line_df, build(), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, steps_per_epoch=40,
-        num_workers=2, callbacks=lambda: [Slowly()], verbose=0, **options)))
+        line_df, build(), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, steps_per_epoch=STEPS,
+        num_workers=2, callbacks=lambda: [HeldWhile(hold)], verbose=0, **options)))
     fit.start()
     deadline = time.monotonic() + 120
     # this session's adopted training processes (conftest's tag), not the other pytest-xdist worker's
@@ -53,7 +63,8 @@ def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_fit_over_the
     time.sleep(3.0)  # past the ring's making: the processes train
     ports = stranger.listening_ports(processes)
     answers = stranger.attempt("127.0.0.1", ports, str(marker))
-    assert fit.is_alive(), "the fit ended before the stranger came: slow it more"
+    assert fit.is_alive(), "the fit ended before the stranger came"
+    os.remove(hold)
     fit.join(timeout=300)
 
     if over_ring:
@@ -62,7 +73,7 @@ def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_fit_over_the
     else:  # the strategy's servers listen, and hand the file over
         assert ports and any(f"READ {SECRET}" in answer for answer in answers), answers
     result = outcome["result"]  # the fit went on unharmed
-    assert [w["steps"] for w in result.workers] == [40, 40]
+    assert [w["steps"] for w in result.workers] == [STEPS, STEPS]
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
     assert np.isfinite(result.history["loss"]).all()
 

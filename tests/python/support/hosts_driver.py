@@ -194,31 +194,41 @@ def host_of(pid):
                 if os.stat(f"/run/netns/{name}").st_ino == inode)
 
 
-def slowly():
-    """Callbacks that keep a fit training (a second a step), so the stranger finds it at work."""
-    import time
+def held_while(path):
+    """Callbacks that hold a fit after a step while the file ``path`` exists (at most 120 s), so the stranger
+    finds it at work: its ring made, its processes training."""
+    def callbacks():
+        import os
+        import time
 
-    import tf_keras
+        import tf_keras
 
-    class Slowly(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
-        def on_train_batch_end(self, batch, logs=None):
-            time.sleep(1.0)
+        class HeldWhile(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
+            def on_train_batch_end(self, batch, logs=None):
+                deadline = time.monotonic() + 120
+                while os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.1)
 
-    return [Slowly()]
+        return [HeldWhile()]
+
+    return callbacks
 
 
 def stranger_during(communication, marker):
     """support/stranger.py, from the driver's place on the bridge, against every port each training process
     of a fit listens on, at its host's address, while the fit trains; then the fit's outcome."""
-    outcome = {}
+    outcome, hold = {}, os.path.join(config["dir"], "hold")
+    open(hold, "w").close()
     fit = threading.Thread(target=lambda: outcome.update(result=tfbarrier.fit(
-        df, digits_cnn(), epochs=1, steps_per_epoch=40, callbacks=slowly, communication=communication, **FIT)))
+        df, digits_cnn(), epochs=1, steps_per_epoch=5, callbacks=held_while(hold), communication=communication,
+        **FIT)))
     fit.start()
     wait_for(lambda: len(run_training_processes()) == HOSTS)
     time.sleep(3.0)  # past the ring's making: the processes train
     ports = {host_of(pid): stranger.listening_ports([pid]) for pid in run_training_processes()}
     answers = [answer for host, found in ports.items() for answer in stranger.attempt(host, found, marker)]
     alive = fit.is_alive()
+    os.remove(hold)
     fit.join(timeout=300)
     result = outcome.get("result")
     return {"ports": ports, "answers": answers, "alive_after": alive,
