@@ -266,10 +266,13 @@ def test_cut_makes_a_host_unreachable_until_restore():
 
 
 def hold(*args):
-    """A process holding a cluster (support/hosts.py ``hold``), and the JSON it printed once made."""
+    """A process holding a cluster (support/hosts.py ``hold``), and the JSON it printed once made. SIGINT is
+    restored to its default first: a suite started in the background of a shell without job control
+    inherits it ignored, and Python then never raises KeyboardInterrupt (the SIGINT case waited out 60 s)."""
     proc = subprocess.Popen([sys.executable, "-m", "support.hosts", "hold", *args], cwd=HERE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=HERE))
+                            env=dict(os.environ, PYTHONPATH=HERE),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = proc.stdout.readline()
     assert line, proc.stderr.read()
     return proc, json.loads(line)
