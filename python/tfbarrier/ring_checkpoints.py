@@ -8,8 +8,8 @@ optimizer state, so the chief alone writes them; the metric sums are every worke
 first, and the save ends when every worker has passed it on the ring.
 
 Keras 3's ``fit`` starts only at an epoch's first step (it has no mid-epoch hook like tf_keras's
-``_training_state``, which this callback is for a tf_keras model): a resumed attempt runs the rest of the saved epoch as a fit
-of its own, then the epochs after it (``fit_plan``); the chief adds the saved metric sums back at the first
+``_training_state``, which this callback is for a tf_keras model): a resumed attempt runs the rest of the
+saved epoch as a fit of its own, then the epochs after it (``fit_plan``); the chief adds the saved metric sums back at the first
 step. The callback is tf_keras's kind, which Keras 3's ``fit`` takes as well.
 """
 

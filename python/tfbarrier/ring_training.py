@@ -1,5 +1,5 @@
-"""The training process's side of a fit over tfbarrier's ring, every fit on CPUs by default
-(communication implementation "auto" or "tfbarrier"; api._over_ring): a Keras 3 model that trains natively
+"""The training process's side of a fit over tfbarrier's ring, every fit of at most one GPU per worker by
+default (communication implementation "auto" or "tfbarrier"; api._over_ring): a Keras 3 model that trains natively
 (native_model.py), and a tf_keras model (a model object's, a model function's, a Keras 3 model translated).
 
 No distribution strategy and no TensorFlow server: each worker trains its own copy of the model on its
