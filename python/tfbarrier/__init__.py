@@ -3,16 +3,38 @@
     result = tfbarrier.fit(df, model, features="pixels", label="digit", epochs=3, batch_size=64, num_workers=2)
 
 Importing tfbarrier does not import TensorFlow: executors and R sessions pay for it only in the
-training processes.
+training processes. Nor does it import the calls' modules (and with them pyspark, pandas and pyarrow)
+until one is used: a training process, and a spare's keeper, start on the light modules they need
+(0.23 s of a training process's start before TensorFlow's import, when this file imported them all).
 """
 
-from . import errors, r_closure, tf_banners  # r_closure: what R's spark_tf_apply() sends (core$r_closure)
-from .api import FitResult, apply, fit, run
-from .attach import attach, attached_session, detach
-from .environment import PythonEnv
-from .frames import spark_frame
-from .inference import predict, predict_local
-from .tuning import TuneResult, tune
+import importlib
+
+from . import errors, tf_banners
+
+# What ``tfbarrier.<name>`` is, and the module it comes from.
+_CALLS = {"FitResult": "api", "apply": "api", "fit": "api", "run": "api", "attach": "attach",
+          "attached_session": "attach", "detach": "attach", "PythonEnv": "environment", "spark_frame": "frames",
+          "predict": "inference", "predict_local": "inference", "TuneResult": "tuning", "tune": "tuning"}
+
+
+def __getattr__(name):
+    """A call or class of ``_CALLS``, or a submodule (R's ``core$r_closure``), imported on first use."""
+    module = _CALLS.get(name, name)
+    try:
+        imported = importlib.import_module(f"{__name__}.{module}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__name__}.{module}":
+            raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(imported, name) if name in _CALLS else imported
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_CALLS))
+
 
 tf_banners.install()
 
