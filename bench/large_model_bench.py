@@ -10,6 +10,8 @@ kept a tenth of the machine free, was ended by the OOM killer.
   fit, cold     tfbarrier.fit in a driver process of its own (a fresh SparkSession, so the training
                 processes import TensorFlow), 256 rows, global batch 64, 4 steps
   fit, warm     a second fit in the same driver (spare training processes)
+  Spark's share what Spark itself takes of a cold fit (spark_share.py), once per round: a cold fit's
+                floor is the floor plus this
 
 Per fit it records: time to first step (from the call), how fast the model's files reached the
 workers (MB/s, fetch) and the trained weights reached the driver; peak resident memory of each
@@ -215,6 +217,15 @@ def run_floor(name, keras_file):
     return result
 
 
+def run_spark_share():
+    out = tempfile.mktemp(suffix=".json")
+    subprocess.run([sys.executable, os.path.join(BENCH, "spark_share.py"), "--out", out], check=True)
+    with open(out) as f:
+        result = json.load(f)
+    os.remove(out)
+    return result
+
+
 def run_driver(name, fits=2, steps=None, checkpoint_every=None):
     out = tempfile.mktemp(suffix=".json")
     command = [sys.executable, __file__, "driver", "--model", name, "--out", out, "--fits", str(fits)]
@@ -258,7 +269,7 @@ def model_rows(name, floors, drivers):
         return [f"| {name} | {first['parameters'] / 1e6:.0f} M, {weights:,.0f} MB | refused before the stage "
                 f"(floor: first step {fmt([f['first_step'] for f in floors])} s, "
                 f"{fmt([f['growth_mb'] for f in floors], 0)} MB above its TensorFlow baseline): "
-                f"{first['refused']} |||||||||"]
+                f"{first['refused']} |||||||||||"]
     size = weights * (4 if MODELS[name][1] == "adam" else 2)  # weights, gradients and Adam's two slots
     floor_first = [f["first_step"] for f in floors]
     rows = []
@@ -266,12 +277,16 @@ def model_rows(name, floors, drivers):
         fits = [d["fits"][number] for d in drivers]
         first_step = [f["time_to_first_step"] for f in fits]
         ratio = statistics.median(first_step) / statistics.median(floor_first)
+        # a cold fit pays Spark's first jobs too (a warm one finds Spark's Python workers started)
+        cold_floor = [f["first_step"] + f["spark"]["profile"] + f["spark"]["python_tasks"] for f in floors]
+        with_spark = (f"{fmt(cold_floor)} s | {statistics.median(first_step) / statistics.median(cold_floor):.2f}"
+                      if label == "cold" else "- | -")
         growth = [max(m["peak_mb"] - m["tensorflow_mb"] for m in f["workers_memory"]) for f in fits]
         driver_growth = [f["driver_peak_mb"] - f["driver_before_mb"] for f in fits]
         heap_growth = [f["heap_peak_mb"] - f["heap_before_mb"] for f in fits]
         rows.append(
             f"| {name}, {label} | {first['parameters'] / 1e6:.0f} M, {weights:,.0f} MB | {fmt(first_step)} s | "
-            f"{fmt(floor_first)} s | {ratio:.2f} | {fmt([min(f['fetch_mb_s']) for f in fits], 0)} | "
+            f"{fmt(floor_first)} s | {ratio:.2f} | {with_spark} | {fmt([min(f['fetch_mb_s']) for f in fits], 0)} | "
             f"{fmt([f['send_mb_s'] for f in fits], 0)} | {fmt(growth, 0)} (limit {1.25 * size:,.0f}; floor "
             f"{fmt([f['growth_mb'] for f in floors], 0)}) | "
             f"{fmt(driver_growth, 0)} (limit {2 * weights:,.0f}) | {fmt(heap_growth, 0)} | "
@@ -305,6 +320,8 @@ def main():
     if args.kind == "save":
         return save(args)
     if args.checkpoint:
+        from large_model_checkpoint import checkpoint_section
+
         return harness.write_section("large-models-checkpoint", checkpoint_section(args.rounds))
     floors, drivers = measure_rounds(args.models, args.rounds)
     harness.write_section("large-models", large_models_section(args.models, args.rounds, floors, drivers))
@@ -316,9 +333,12 @@ def measure_rounds(models, rounds):
         files = keras_files(models, directory)
         floors, drivers = {n: [] for n in models}, {n: [] for n in models}
         for number in range(rounds):
+            harness.settle()
+            spark_share = run_spark_share()
+            print(f"round {number + 1} Spark's share of a cold fit: {spark_share}", flush=True)
             for name in models:
                 harness.settle()
-                floors[name].append(run_floor(name, files[name]))
+                floors[name].append({**run_floor(name, files[name]), "spark": spark_share})
                 harness.settle()
                 drivers[name].append(run_driver(name))
                 print(f"round {number + 1} {name}: floor {floors[name][-1]}, fit "
@@ -334,12 +354,14 @@ def large_models_section(models, rounds, floors, drivers):
         "baseline (before the model), against 1.25 x (weights + optimizer slots + gradients) and against the "
         "floor's own growth over 4 steps (one process, no strategy); the driver's "
         "peak during the fit above its memory before the call, against 2 x weights; the JVM heap's peak use "
-        "during the fit above its use before it.",
+        "during the fit above its use before it. Spark's share of a cold fit (a fresh SparkSession, the same "
+        "cached data, no model): its data check's aggregate job, then a barrier job of 2 Arrow tasks that import "
+        "tfbarrier's task module, once per round.",
         "",
-        "| model | parameters, weights | time to first step | floor | ratio | fetch MB/s (slowest worker) | "
-        "trained weights back MB/s | training process growth MB | driver growth MB | JVM heap growth MB | "
-        "trained, replicas equal |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | parameters, weights | time to first step | floor | ratio | floor + Spark's share | ratio | "
+        "fetch MB/s (slowest worker) | trained weights back MB/s | training process growth MB | driver growth MB | "
+        "JVM heap growth MB | trained, replicas equal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in models:
         lines += model_rows(name, floors[name], drivers[name])
@@ -362,36 +384,6 @@ def check_limit(name, drivers):
     largest = room / (4 * (memory.RING_STEP_COPIES + (2 if optimizer == "adam" else 0)))
     return (f"{name} {budget / 2**30:.1f} GiB (the largest {optimizer.upper()} model it accepts then: "
             f"{largest / 1e6:,.0f} M parameters)")
-
-
-def checkpoint_section(rounds, name="mlp61-sgd", steps=16, every=4):
-    """16 steps with and without a checkpoint every 4 steps, interleaved, with the floor's write."""
-    runs = {"checkpoint_dir alone": [], f"checkpoint_every={every}": []}
-    writes = []
-    with tempfile.TemporaryDirectory(prefix="large-bench-") as directory:
-        keras_file = keras_files([name], directory)[name]
-        for _ in range(rounds):
-            harness.settle()
-            writes.append(run_floor(name, keras_file)["write_seconds"])
-            for label, every_steps in (("checkpoint_dir alone", 0), (f"checkpoint_every={every}", every)):
-                harness.settle()
-                runs[label].append(run_driver(name, fits=1, steps=steps, checkpoint_every=every_steps)["fits"][0])
-    base = statistics.median(f["training"] for f in runs["checkpoint_dir alone"])
-    lines = [f"`.venv/bin/python bench/large_model_bench.py --checkpoint --rounds {rounds}`: the cost of "
-             f"`checkpoint_every` ({name}, {steps} steps of global batch {BATCH} in one epoch, with `checkpoint_dir`: "
-             f"a save at the epoch's end alone, or also every {every} steps). Training seconds and the seconds a "
-             "save holds the chief's step loop (reading the metrics, writing the checkpoint, the closing "
-             "all-reduce), median (min-max) of the rounds, against the floor: one process (no fit, no "
-             "strategy) writing the same model with tf.train.Checkpoint.", "",
-             "| fit | training s | samples/s | / checkpoint_dir alone | saves | s per save | floor's write s |",
-             "|---|---|---|---|---|---|---|"]
-    for label, fits in runs.items():
-        seconds = [f["training"] for f in fits]
-        per_save = [f["save_seconds"] / f["saves"] for f in fits]
-        lines.append(f"| {label} | {fmt(seconds)} | {steps * BATCH / statistics.median(seconds):,.0f} | "
-                     f"{base / statistics.median(seconds):.2f} | {fits[0]['saves']} | {fmt(per_save, 2)} | "
-                     f"{fmt(writes, 2)} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":
