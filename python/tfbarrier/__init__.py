@@ -3,7 +3,7 @@
     result = tfbarrier.fit(df, model, features="pixels", label="digit", epochs=3, batch_size=64, num_workers=2)
 
 Importing tfbarrier does not import TensorFlow: executors and R sessions pay for it only in the
-training processes. Nor does it import the calls' modules (and with them pyspark, pandas and pyarrow)
+training processes. Nor does it import the calls' modules (and with them numpy and pyarrow)
 until one is used: a training process, and a spare's keeper, start on the light modules they need
 (0.23 s of a training process's start before TensorFlow's import, when this file imported them all).
 """
