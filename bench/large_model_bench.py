@@ -206,38 +206,32 @@ def refused(report, spark, model):
 
 # ---- the benchmark --------------------------------------------------------------------------------
 
-def run_floor(name, keras_file):
-    clock = tempfile.mktemp(suffix=".json")
-    started = time.time()
-    subprocess.run([sys.executable, __file__, "floor", "--model", name, "--file", keras_file, "--clock", clock,
-                    "--started", repr(started)], check=True)
-    with open(clock) as f:
+def _json_of(command, flag="--out"):
+    """What the subprocess ``command`` wrote as JSON to the file it is given with ``flag``."""
+    path = tempfile.mktemp(suffix=".json")
+    subprocess.run([*command, flag, path], check=True)
+    with open(path) as f:
         result = json.load(f)
-    os.remove(clock)
+    os.remove(path)
     return result
+
+
+def run_floor(name, keras_file):
+    return _json_of([sys.executable, __file__, "floor", "--model", name, "--file", keras_file,
+                     "--started", repr(time.time())], flag="--clock")
 
 
 def run_spark_share():
-    out = tempfile.mktemp(suffix=".json")
-    subprocess.run([sys.executable, os.path.join(BENCH, "spark_share.py"), "--out", out], check=True)
-    with open(out) as f:
-        result = json.load(f)
-    os.remove(out)
-    return result
+    return _json_of([sys.executable, os.path.join(BENCH, "spark_share.py")])
 
 
 def run_driver(name, fits=2, steps=None, checkpoint_every=None):
-    out = tempfile.mktemp(suffix=".json")
-    command = [sys.executable, __file__, "driver", "--model", name, "--out", out, "--fits", str(fits)]
+    command = [sys.executable, __file__, "driver", "--model", name, "--fits", str(fits)]
     if steps:
         command += ["--steps", str(steps)]
     if checkpoint_every is not None:
         command += ["--checkpoint-every", str(checkpoint_every)]
-    subprocess.run(command, check=True)
-    with open(out) as f:
-        result = json.load(f)
-    os.remove(out)
-    return result
+    return _json_of(command)
 
 
 def keras_files(names, directory):
@@ -272,13 +266,13 @@ def model_rows(name, floors, drivers):
                 f"{first['refused']} |||||||||||"]
     size = weights * (4 if MODELS[name][1] == "adam" else 2)  # weights, gradients and Adam's two slots
     floor_first = [f["first_step"] for f in floors]
+    # a cold fit pays Spark's first jobs too (a warm one finds Spark's Python workers started)
+    cold_floor = [f["first_step"] + f["spark"]["profile"] + f["spark"]["python_tasks"] for f in floors]
     rows = []
     for number, label in enumerate(("cold", "warm")):
         fits = [d["fits"][number] for d in drivers]
         first_step = [f["time_to_first_step"] for f in fits]
         ratio = statistics.median(first_step) / statistics.median(floor_first)
-        # a cold fit pays Spark's first jobs too (a warm one finds Spark's Python workers started)
-        cold_floor = [f["first_step"] + f["spark"]["profile"] + f["spark"]["python_tasks"] for f in floors]
         with_spark = (f"{fmt(cold_floor)} s | {statistics.median(first_step) / statistics.median(cold_floor):.2f}"
                       if label == "cold" else "- | -")
         growth = [max(m["peak_mb"] - m["tensorflow_mb"] for m in f["workers_memory"]) for f in fits]

@@ -11,7 +11,6 @@ import argparse
 import json
 import time
 
-import harness
 import large_model_bench
 
 
@@ -38,8 +37,7 @@ def _task_imports(batches):
     yield from ()
 
 
-if __name__ == "__main__":
-    harness.local_spark_env()
+if __name__ == "__main__":  # large_model_bench's import has set harness.local_spark_env()
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     with open(parser.parse_args().out, "w") as f:
