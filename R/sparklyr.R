@@ -35,18 +35,48 @@ tf_spark_session <- function(sc) {
   }
   why_not <- unattachable(sc)
   if (!is.null(why_not)) tf_abort(why_not, "ClusterError")
-  app <- sparklyr::invoke(sparklyr::spark_context(sc), "applicationId")
-  session <- tf_call(core$attached_session())
-  if (!is.null(session) && identical(attached$app, app)) return(session)
+  app <- sparklyr_application(sc)
+  session <- attached_session(app)
+  if (!is.null(session)) return(session)
+  attach_driver(sparklyr_py4j_server(sc), app)
+}
+
+# The few lines that need sparklyr itself (ARCHITECTURE.md lists them): the application's id, Spark's
+# Py4JServer started in the connection's driver JVM, a tbl_spark registered as a view and a view read
+# back as a tbl_spark. Everything else here runs in CI against a driver JVM that a test starts itself.
+sparklyr_application <- function(sc) sparklyr::invoke(sparklyr::spark_context(sc), "applicationId")
+
+sparklyr_py4j_server <- function(sc) {
   server <- sparklyr::invoke_new(sc, "org.apache.spark.api.python.Py4JServer",
                                  sparklyr::invoke(sparklyr::spark_context(sc), "getConf"))
   sparklyr::invoke(server, "start")
   kind <- sparklyr::invoke(sparklyr::invoke(sparklyr::invoke(server, "server"), "getClass"), "getName")
+  py4j_server(sparklyr::invoke(server, "getListeningPort"), sparklyr::invoke(server, "secret"), kind,
+              shutdown = function() sparklyr::invoke(server, "shutdown"))
+}
+
+# A Py4JServer running in a driver JVM: its port and secret, whether it pins threads (a ClientServer,
+# Spark's default), and how to shut it down.
+py4j_server <- function(port, secret, kind, shutdown) {
+  list(port = as.integer(port), secret = secret, pin_thread = grepl("ClientServer", kind, fixed = TRUE),
+       shutdown = shutdown)
+}
+
+# The session tfbarrier's Python is attached with to application `app`, or NULL (attached elsewhere, to
+# a JVM that is gone, or not at all).
+attached_session <- function(app) {
+  session <- tf_call(core$attached_session())
+  if (!is.null(session) && identical(attached$app, app)) session
+}
+
+# Attach tfbarrier's Python to the driver JVM of application `app` through its Py4JServer `server`
+# (py4j_server()): a pyspark session of that application. An attachment to another one is dropped
+# first; on failure the server is shut down.
+attach_driver <- function(server, app) {
   session <- tryCatch(
-    tf_call(core$attach(sparklyr::invoke(server, "getListeningPort"), sparklyr::invoke(server, "secret"),
-                        pin_thread = grepl("ClientServer", kind, fixed = TRUE), embedded = TRUE)),
+    tf_call(core$attach(server$port, server$secret, pin_thread = server$pin_thread, embedded = TRUE)),
     error = function(e) {
-      sparklyr::invoke(server, "shutdown")
+      server$shutdown()
       stop(e)
     })
   attached$app <- app
@@ -122,7 +152,7 @@ tbl_spark_dataframe <- function(spark, tbl) {
   if (in_application(spark, sc)) {
     name <- basename(tempfile("tfbarrier_in_"))
     sparklyr::sdf_register(tbl, name)
-    return(tf_call(spark$table(name)))
+    return(view_frame(spark, name))
   }
   path <- file.path(exchange_dir(), basename(tempfile("tbl-")))
   sparklyr::spark_write_parquet(tbl, path, mode = "overwrite")
@@ -131,8 +161,17 @@ tbl_spark_dataframe <- function(spark, tbl) {
 
 # Whether the pyspark `spark` is a session of sparklyr connection `sc`'s own application.
 in_application <- function(spark, sc) {
-  is.null(unattachable(sc)) &&
-    identical(spark$sparkContext$applicationId, sparklyr::invoke(sparklyr::spark_context(sc), "applicationId"))
+  is.null(unattachable(sc)) && identical(spark$sparkContext$applicationId, sparklyr_application(sc))
+}
+
+# A temporary view of the attached application as a pyspark DataFrame, and a pyspark DataFrame as a new
+# temporary view there (its name): how tables cross between sparklyr and tfbarrier in one application.
+view_frame <- function(spark, name) tf_call(spark$table(name))
+
+frame_view <- function(sdf) {
+  name <- basename(tempfile("tfbarrier_out_"))
+  tf_call(sdf$createOrReplaceTempView(name))
+  name
 }
 
 # The way back: a pyspark DataFrame into the sparklyr connection of `tbl`. A Python-backed connection
@@ -140,11 +179,10 @@ in_application <- function(spark, sc) {
 # Parquet in the exchange directory, its vector columns as arrays (as on the way in).
 back_to_sparklyr <- function(sdf, tbl) {
   sc <- sparklyr::spark_connection(tbl)
-  name <- basename(tempfile("tfbarrier_out_"))
   if (inherits(tbl, "tbl_pyspark") || in_application(sdf$sparkSession, sc)) {
-    tf_call(sdf$createOrReplaceTempView(name))
-    return(dplyr::tbl(sc, name))
+    return(dplyr::tbl(sc, frame_view(sdf)))
   }
+  name <- basename(tempfile("tfbarrier_out_"))
   path <- file.path(exchange_dir(), name)
   tf_call(core$frames$vectors_as_arrays(sdf)$write$mode("overwrite")$parquet(path))
   sparklyr::spark_read_parquet(sc, name = name, path = path, memory = FALSE)

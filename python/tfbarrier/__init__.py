@@ -13,9 +13,12 @@ import importlib
 from . import errors, tf_banners
 
 # What ``tfbarrier.<name>`` is, and the module it comes from.
-_CALLS = {"FitResult": "api", "apply": "api", "fit": "api", "run": "api", "attach": "attach",
-          "attached_session": "attach", "detach": "attach", "PythonEnv": "environment", "spark_frame": "frames",
-          "predict": "inference", "predict_local": "inference", "TuneResult": "tuning", "tune": "tuning"}
+# A call is never named as a module: importing a submodule sets the package's attribute of its name, over
+# the call (``tfbarrier.attach`` was both, and became the module once ``attached_session`` was used).
+_CALLS = {"FitResult": "api", "apply": "api", "fit": "api", "run": "api",
+          "attach": "attachment", "attached_session": "attachment", "detach": "attachment",
+          "PythonEnv": "environment", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
+          "TuneResult": "tuning", "tune": "tuning"}
 
 
 def __getattr__(name):

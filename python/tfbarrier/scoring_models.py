@@ -5,7 +5,7 @@ long as it runs (transfer.session_server): each executor host fetches the file o
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
 worker rebuilds the model once and keeps the last _CACHE_SIZE. Where Spark encrypts its traffic, so does
 the link (TLS, job_tls.py). Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``, or it
-cannot listen on its address), or the session is attached to another program's JVM (attach.py: that program computes the
+cannot listen on its address), or the session is attached to another program's JVM (attachment.py: that program computes the
 predictions, maybe while this process runs no Python, or after it is gone), the weights go in a Spark
 broadcast. A Keras 3 model's own classes and functions go along, cloudpickled (native_model.py).
 
@@ -22,7 +22,7 @@ import tempfile
 import cloudpickle
 
 from . import atomic, cluster, driver_link, job_tls, native_model, transfer
-from .attach import is_attached
+from .attachment import is_attached
 from .errors import ClusterError
 from .model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
 from .settings import MODEL_LOAD_LOG_ENV

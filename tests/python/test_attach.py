@@ -15,7 +15,7 @@ import pytest
 from conftest import left_behind
 from support.standalone import StandaloneCluster
 
-from tfbarrier.attach import check_versions
+from tfbarrier.attachment import check_versions
 from tfbarrier.errors import ClusterError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,8 +24,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Owner:
     """support/jvm_owner.py running: ``ready`` is its READY line, ``ask(command)`` its answer."""
 
-    def __init__(self, master=None, python=sys.executable):
+    def __init__(self, master=None, python=sys.executable, jvm_library_path=None):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+        if jvm_library_path:
+            env["TFBARRIER_TEST_JVM_LIBRARY_PATH"] = jvm_library_path
         self.proc = subprocess.Popen([python, os.path.join(HERE, "support", "jvm_owner.py"),
                                       *([master] if master else [])], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, cwd=HERE, env=env)
@@ -82,13 +84,30 @@ def attached_run(owner, tmp_path, embedded):
     return json.loads(lines[0][7:]), scored
 
 
+def shadowing_library_dir(tmp_path):
+    """A directory that holds a ``libpython`` of this interpreter's soname which is not its own: on a
+    library path before the interpreter's own directory, the dynamic loader takes it. R puts the system's
+    library directory there, which on Debian holds the system Python's (issue 57: a venv's Python 3.11.7
+    then loaded Debian's 3.11.2 and failed on ``_ssl``); this one is an empty file, so that a Python that
+    loads it cannot even start."""
+    import sysconfig
+
+    directory = tmp_path / "shadowing-lib"
+    directory.mkdir()
+    (directory / sysconfig.get_config_var("INSTSONAME")).write_bytes(b"")
+    return str(directory)
+
+
+# Locally, the JVM starts the Python workers: they inherit its LD_LIBRARY_PATH, here one whose first
+# directory holds another libpython (as a JVM that R started has).
 @pytest.mark.parametrize("where", [pytest.param("local", marks=pytest.mark.versions), "standalone"])
 def test_an_attached_process_trains_and_scores_in_the_owners_application_and_leaves_it_running(where, tmp_path):
     cluster = StandaloneCluster(workers=2) if where == "standalone" else None
     try:
         if cluster:
             cluster.__enter__()
-        owner = Owner(cluster.url if cluster else None)
+        owner = Owner(cluster.url if cluster else None,
+                      jvm_library_path=None if cluster else shadowing_library_dir(tmp_path))
         try:
             seen, scored = attached_run(owner, tmp_path, embedded=where == "local")
             assert seen["app_id"] == owner.ready["app_id"]  # one application: the owner's

@@ -58,3 +58,20 @@ def test_what_tensorflows_import_writes_besides_the_banners_is_kept():
             "    os.write(2, b'I0000 00:00:1795369571.873013   12925 port.cc:153] oneDNN custom operations are on.\\n')\n"
             "    os.write(2, b'E0000 00:00:1795369571.873013   12925 gpu.cc:12] a real error\\n')\n")
     assert _import_stderr(code).splitlines() == ["E0000 00:00:1795369571.873013   12925 gpu.cc:12] a real error"]
+
+
+def test_the_calls_stay_calls_whatever_was_imported_first():
+    """Importing a submodule sets the package's attribute of its name: a call of the same name as a module
+    (``tfbarrier.attach`` was both) became the module once anything imported it (issue 57: R's
+    ``core$attached_session()`` then ``core$attach(...)`` failed with "attempt to apply non-function")."""
+    code = ("import importlib, pkgutil, types, tfbarrier\n"
+            "tfbarrier.attached_session()\n"
+            "attach_after_session = callable(tfbarrier.attach)\n"
+            "for module in pkgutil.walk_packages(tfbarrier.__path__, 'tfbarrier.'):\n"
+            "    if not module.name.endswith(('__main__', 'r_closure')):\n"
+            "        importlib.import_module(module.name)\n"
+            "modules = sorted(name for name in tfbarrier.__all__ if name != 'errors'\n"
+            "                 and isinstance(getattr(tfbarrier, name), types.ModuleType))\n"
+            "print(attach_after_session, modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "True []", out.stderr[-3000:]

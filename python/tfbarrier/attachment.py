@@ -16,6 +16,7 @@ import os
 import secrets
 import subprocess
 import sys
+import sysconfig
 import threading
 
 from . import cluster
@@ -126,6 +127,37 @@ def _executor_python(conf, master, python):
         "tf_spark_config(python = ...))), or pass python= to attach()")
 
 
+def _library_dir(python):
+    """The directory of ``python``'s own libpython, or None for an interpreter without one (linked
+    statically) or that cannot be asked."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        shared, libdir = sysconfig.get_config_var("Py_ENABLE_SHARED"), sysconfig.get_config_var("LIBDIR")
+    else:  # asked without the library path that may shadow its libpython
+        code = "import sysconfig as s; print(s.get_config_var('Py_ENABLE_SHARED'), s.get_config_var('LIBDIR'))"
+        env = {key: value for key, value in os.environ.items() if key != "LD_LIBRARY_PATH"}
+        try:
+            shared, libdir = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                                            env=env, check=True).stdout.split(maxsplit=1)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            return None
+        shared, libdir = int(shared), libdir.strip()
+    return libdir if shared and libdir else None
+
+
+def _own_libpython_first(context, jvm):
+    """Put the executors' interpreter's own library directory first on its Python workers' library path
+    when the JVM starts them on this machine. They inherit the JVM's LD_LIBRARY_PATH, and a JVM that R
+    started (sparklyr's) has R's, which names the system's library directory first: a Debian libpython
+    of the same soname there shadows a venv's own (3.11.2 loaded by a 3.11.7, which then fails to import
+    ``_ssl``). Spark sets ``context.environment`` in every Python worker of this process's jobs."""
+    if not cluster.on_this_machine(context.master):
+        return  # a cluster's workers inherit their executor's environment, not this JVM's
+    inherited = context.environment.get("LD_LIBRARY_PATH") or jvm.java.lang.System.getenv("LD_LIBRARY_PATH")
+    libdir = _library_dir(context.pythonExec) if inherited else None
+    if libdir:
+        context.environment["LD_LIBRARY_PATH"] = os.pathsep.join((libdir, inherited))
+
+
 def _build(gateway, jvm_session, python, embedded):
     from pyspark import SparkConf
 
@@ -135,6 +167,7 @@ def _build(gateway, jvm_session, python, embedded):
     conf = SparkConf(_jconf=jvm_context.getConf())  # a copy: pyspark's defaults do not reach the JVM's
     context = context_class(gateway=gateway, jsc=jsc, conf=conf)
     context.pythonExec = _executor_python(context.getConf(), context.master, python)
+    _own_libpython_first(context, gateway.jvm)
     if embedded:
         _attached["accumulator_server"] = _accumulators_in_process(context)
     return session_class(context, jsparkSession=jvm_session)  # the other program's views are its views
