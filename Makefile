@@ -26,7 +26,7 @@ VERSION_VENVS := $(foreach v,$(SPARK_VERSIONS),build/venv-spark$(v)/.installed)
 VERSION_TESTS := $(foreach v,$(SPARK_VERSIONS),test-spark-$(v))
 export TFBARRIER_SPARK_PYTHONS := $(abspath $(PY)) $(foreach v,$(SPARK_VERSIONS),$(abspath build/venv-spark$(v)/bin/python))
 
-.PHONY: demo demo-python demo-r test test-python test-spark-versions $(VERSION_TESTS) test-r r-build r-install r-deps bench venv system-deps clean
+.PHONY: demo demo-python demo-r test test-start test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r r-build r-install r-deps bench venv system-deps clean
 
 demo: demo-python demo-r
 
@@ -37,7 +37,15 @@ demo-python: venv
 demo-r: r-install
 	Rscript inst/examples/digits_cnn.R
 
-test: test-python test-spark-versions test-r
+# The suite starts and ends with a look at the temporary directory: it must leave no tfbarrier directory
+# there (tests/leftovers.py: what killed processes leave is swept, as the next start on a host sweeps it).
+test: test-start test-python test-spark-versions test-r test-leftovers
+
+test-start: venv
+	@$(PY) tests/leftovers.py start
+
+test-leftovers: venv
+	@$(PY) tests/leftovers.py check
 
 # Two pytest-xdist workers, a test file each at a time (module fixtures share their clusters): much of a
 # test's time is a JVM or TensorFlow starting, or a fault's timeout running out, which the other fills.

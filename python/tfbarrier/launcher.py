@@ -12,10 +12,9 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-from . import faults, protocol, settings
+from . import faults, protocol, settings, workdirs
 from .errors import WorkerError, WorkerStalledError
 from .protocol import LOG_FILE
 
@@ -48,10 +47,10 @@ def log_tail(workdir, lines=settings.LOG_TAIL_LINES):
 
 
 def importable_home(prefix, env):
-    """A new directory holding only a link to this tfbarrier package, and ``env`` with it first on
-    PYTHONPATH: a process started there imports tfbarrier from wherever this one did, and nothing else
-    from that place."""
-    home = tempfile.mkdtemp(prefix=prefix)
+    """A new private directory (workdirs.py) holding only a link to this tfbarrier package, and ``env``
+    with it first on PYTHONPATH: a process started there imports tfbarrier from wherever this one did, and
+    nothing else from that place."""
+    home = workdirs.make(prefix)
     os.symlink(os.path.dirname(os.path.abspath(__file__)), os.path.join(home, "tfbarrier"))
     return home, dict(env, PYTHONPATH=os.pathsep.join(p for p in (home, env.get("PYTHONPATH")) if p))
 
@@ -65,7 +64,7 @@ class TrainingProcess:
         # Its output goes to the log in its home until a task adopts it.
         self.home, env = importable_home("tfbarrier-process-", env)
         ours, theirs = socket.socketpair()
-        with open(os.path.join(self.home, LOG_FILE), "wb") as log:
+        with workdirs.private_file(os.path.join(self.home, LOG_FILE)) as log:
             proc = subprocess.Popen(
                 [python or sys.executable, "-m", "tfbarrier.training_process", str(theirs.fileno())],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -109,7 +108,7 @@ class TrainingProcess:
         log there) and the task's own environment variables (the attempt)."""
         self.workdir, self.worker_index, self.host = workdir, worker_index, host
         self._oom_kills_before = faults.oom_kills()
-        open(os.path.join(workdir, LOG_FILE), "ab").close()
+        workdirs.private_file(os.path.join(workdir, LOG_FILE), "ab").close()
         self.channel.send(protocol.JOB, workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),
                           sent_at=time.time())
 

@@ -26,6 +26,8 @@ import select
 import signal
 import traceback
 
+from . import workdirs
+
 JOB, PORT, CONFIG, PROGRESS, DONE = "job", "port", "config", "progress", "done"
 
 JOB_FILE = "job.pkl"
@@ -81,7 +83,7 @@ class Channel:
 
 
 def write_pickle(workdir, name, value):
-    with open(os.path.join(workdir, name), "wb") as f:
+    with workdirs.private_file(os.path.join(workdir, name)) as f:
         pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -94,7 +96,7 @@ def write_error(workdir, exc):
     """Describe ``exc`` (being handled) for the task: its class, module, message and traceback."""
     info = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
             "traceback": traceback.format_exc()}
-    with open(os.path.join(workdir, ERROR_FILE), "w") as f:
+    with workdirs.private_file(os.path.join(workdir, ERROR_FILE), "w") as f:
         json.dump(info, f)
 
 

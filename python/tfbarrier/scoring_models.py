@@ -17,7 +17,6 @@ import collections
 import contextlib
 import hashlib
 import os
-import tempfile
 
 import cloudpickle
 
@@ -60,10 +59,20 @@ def scoring_model(spark, model):
     return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, **source}
 
 
+def _models_directory():
+    """Where this executor keeps its copies of scoring models: in the application's own files directory
+    (Spark's, which only the executor's user enters and Spark removes with the application), not at a
+    fixed path of the temporary directory that another local user could read or make first."""
+    from pyspark import SparkFiles
+
+    directory = os.path.join(SparkFiles.getRootDirectory(), "tfbarrier-models")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return directory
+
+
 def weights_file(scoring):
     """This host's copy of the scoring model's weights, fetched from the driver the first time."""
-    directory = os.path.join(tempfile.gettempdir(), f"tfbarrier-models-{os.getuid()}")
-    os.makedirs(directory, exist_ok=True)
+    directory = _models_directory()
     path = os.path.join(directory, scoring["payload"].name)
     if os.path.exists(path):
         os.utime(path)

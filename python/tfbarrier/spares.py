@@ -6,10 +6,17 @@ first step on the benchmark machine). A task that succeeded leaves a spare: a sm
 (``python -m tfbarrier.spares``) that starts a training process, which imports TensorFlow and waits
 for a job, nothing more (no strategy, TF_CONFIG or thread settings), so it is as good as a fresh
 process for any task whose Python and environment match. The keeper listens on a Unix socket named
-after the executor and that match (in Linux's abstract namespace, elsewhere in the temporary
-directory), in one of a slot per CPU; a task connects, the keeper hands it the process's channel (SCM_RIGHTS) and from
+after the executor and that match (in Linux's abstract namespace, elsewhere in a directory of the temporary
+directory only this user enters), in one of a slot per CPU; a task connects, the keeper hands it the process's channel (SCM_RIGHTS) and from
 then on passes the task's signals to the process and reports how it exited (the process is the
 keeper's child: only its parent learns that).
+
+Only a task of its own executor gets a spare. An abstract socket has no file permissions and its name is
+listed in the world-readable /proc/net/unix, so the keeper asks the kernel who connected (SO_PEERCRED):
+a process of another user, or one that is not a child of the executor's process (a Python worker of that
+executor), is sent away and the keeper waits on. The task asks the same of the keeper (a socket of
+another user's squatting the name is not taken), and the process it gets loads its job only from a work
+directory no other user can write (workdirs.is_private).
 
 Spark retires a Python worker after a minute without tasks, and a spare that died with it would leave
 every fit after a pause cold. So a keeper belongs to the executor (the Python worker's parent: Spark's
@@ -28,12 +35,13 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-from . import protocol, settings
+from . import protocol, settings, workdirs
 from .launcher import TrainingProcess, importable_home, name_process
 
 EXITED = "exited"  # keeper -> task: the training process exited, with its ``code``
@@ -66,11 +74,16 @@ def _take_from(path):
     try:
         conn.settimeout(settings.SPARE_HANDOVER)
         conn.connect(path)
+        if not _same_user(conn):  # another user's socket under a spare's name
+            conn.close()
+            return None
         data, fds, _, _ = socket.recv_fds(conn, 65536, 1)
     except OSError:  # no spare there (any more), or it is handing itself to another task
         conn.close()
         return None
     if not data or not fds:
+        for fd in fds:
+            os.close(fd)
         conn.close()
         return None
     conn.settimeout(None)
@@ -87,6 +100,7 @@ def leave(python, env, idle_timeout=settings.SPARE_IDLE_TIMEOUT):
     # Not waited for: Python reaps a finished child when it starts the next one.
     keeper = subprocess.Popen([sys.executable, "-m", "tfbarrier.spares"], stdin=subprocess.PIPE,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=keeper_env)
+    workdirs.hand_over(home, keeper.pid)  # the keeper removes it, and outlives this task
     keeper.stdin.write(pickle.dumps(spec))
     keeper.stdin.close()
 
@@ -144,6 +158,8 @@ def _listen(slots):
     """A socket listening on the first free slot, and its path; (None, None) when none is free."""
     if not _abstract(slots[0]):
         os.makedirs(os.path.dirname(slots[0]), mode=0o700, exist_ok=True)
+        if not workdirs.is_private(os.path.dirname(slots[0])):  # made by another user first
+            return None, None
     for path in slots:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -158,6 +174,37 @@ def _listen(slots):
 
 def _abstract(path):
     return path.startswith("\0")
+
+
+def _peer(conn):
+    """(pid, uid) of the process at the other end of the Unix socket ``conn``, as the kernel saw it
+    connect; None where the OS has no SO_PEERCRED (there the socket is a file in a directory of this
+    user's only)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return None
+    pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    return pid, uid
+
+
+def _same_user(conn):
+    peer = _peer(conn)
+    return peer is None or peer[1] == os.geteuid()
+
+
+def _parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _is_taker(conn, owner):
+    """Whether ``conn`` comes from a task of this keeper's executor: a process of this user whose parent
+    is the executor's process ``owner`` (a task runs in a Python worker, its child)."""
+    peer = _peer(conn)
+    return peer is None or (peer[1] == os.geteuid() and _parent_of(peer[0]) == owner)
 
 
 def _alive(pid):
@@ -184,7 +231,10 @@ def _wait_for_taker(listener, process, owner, idle_timeout):
             ready = select.select([listener] + exits, [], [], left if tick is None else min(left, tick))[0]
             if listener in ready:
                 conn, _ = listener.accept()
-                return conn
+                if _is_taker(conn, owner):
+                    return conn
+                conn.close()  # another user's process, or not this executor's: the spare waits on
+                continue
             if ready:  # an exit (the executor's may stay a zombie a while: os.kill still finds it)
                 return None
         return None

@@ -13,10 +13,9 @@ are gone when the task ends, however it ends; a task that succeeded leaves a spa
 import dataclasses
 import os
 import shutil
-import tempfile
 import time
 
-from . import driver_link, environment, errors, faults, gpus, protocol, rendezvous, settings, spares, transfer
+from . import driver_link, environment, errors, faults, gpus, protocol, rendezvous, settings, spares, transfer, workdirs
 from .errors import DriverUnreachableError, TfBarrierError, WorkerError
 from .launcher import TrainingProcess
 from .results import WorkerResult
@@ -177,7 +176,8 @@ def barrier_function(job):
 
         context = BarrierTaskContext.get()
         index = context.partitionId()
-        workdir = tempfile.mkdtemp(prefix=f"tfbarrier-{job.job_id}-{index}-")
+        workdirs.sweep()  # what killed tasks and processes left on this host
+        workdir = workdirs.make(f"tfbarrier-{job.job_id}-{index}-")
         link = driver_link.DriverLink(job.link, index)
         try:
             result = _run(job, context, batches, workdir, link)

@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 
-from . import faults, protocol, rendezvous, settings
+from . import faults, protocol, rendezvous, settings, workdirs
 from .launcher import name_process
 
 
@@ -88,7 +88,7 @@ def _move_output(previous_log, workdir):
     """From now on the output goes to the task's log, after what the process wrote before."""
     sys.stdout.flush()
     sys.stderr.flush()
-    log = os.open(os.path.join(workdir, protocol.LOG_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    log = os.open(os.path.join(workdir, protocol.LOG_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with open(previous_log, "rb") as f:
         os.write(log, f.read())
     os.dup2(log, 1)
@@ -106,8 +106,10 @@ def main(argv):
     imported = time.time()
     name_process("tfb-spare")  # ready, until a task adopts it
     message = channel.wait_for(protocol.JOB)
-    name_process("tfb-worker")
     workdir = message["workdir"]
+    if not workdirs.is_private(workdir):  # never a job, a log or a pickle from a place another user writes
+        return faults.EXIT_FAILED
+    name_process("tfb-worker")
     _move_output(message["previous_log"], workdir)
     os.environ.update(message["env"])
     try:

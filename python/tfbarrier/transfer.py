@@ -18,11 +18,10 @@ the driver's JVM then needs room for the model (``spark.driver.memory``).
 import dataclasses
 import os
 import shutil
-import tempfile
 import threading
 import time
 
-from . import faults
+from . import faults, workdirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +43,10 @@ class JobFiles:
     tasks, and the files they send back (``received/``). Removed by ``close``."""
 
     def __init__(self):
-        self.directory = tempfile.mkdtemp(prefix="tfbarrier-job-")
+        workdirs.sweep()  # what killed drivers left on this host
+        self.directory = workdirs.make("tfbarrier-job-")
         self._received = os.path.join(self.directory, "received")
-        os.mkdir(self._received)
+        os.mkdir(self._received, 0o700)
         self._served = {}
 
     def add(self, name, write):
@@ -58,7 +58,7 @@ class JobFiles:
 
     def add_bytes(self, name, data):
         def write(path):
-            with open(path, "wb") as f:
+            with workdirs.private_file(path) as f:
                 f.write(data)
 
         return self.add(name, write)
@@ -84,7 +84,7 @@ class JobFiles:
         """The path on the driver of a file a task returned (written out when it came through Spark)."""
         path = os.path.join(self._received, payload.name)
         if payload.data is not None:
-            with open(path, "wb") as f:
+            with workdirs.private_file(path) as f:
                 f.write(payload.data)
         return path
 
@@ -151,7 +151,7 @@ class Fetch:
             for payload in self._payloads:
                 if payload.data is not None:  # it came inside the job, through Spark
                     self.stats["via"] = "spark"
-                    with open(payload.path(self._workdir), "wb") as f:
+                    with workdirs.private_file(payload.path(self._workdir)) as f:
                         f.write(payload.data)
                 else:
                     self._link.fetch(payload.name, payload.path(self._workdir))

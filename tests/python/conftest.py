@@ -10,6 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+# Under CI=true, a test skipped for any reason but the allowed ones fails the run: its hooks are this
+# conftest's (support/skip_guard.py).
+from support.skip_guard import pytest_runtest_logreport, pytest_sessionfinish  # noqa: F401
+
 # Spark binds to the machine's external interface unless told otherwise; executors must run this
 # interpreter (it has tfbarrier, TensorFlow and tf_keras).
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -44,37 +48,6 @@ LONGEST_FIRST = ("test_failures.py", "test_host_faults.py", "test_evaluation.py"
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the others keep their order
-
-
-# The one reason a test may skip under CI=true: the machine cannot make network namespaces (not root, no
-# CAP_NET_ADMIN), which only the multi-host tests need. Tools the Makefile installs being missing is not one.
-ALLOWED_CI_SKIP = "cannot make a network namespace"
-_skips = []
-
-
-def pytest_runtest_logreport(report):
-    if report.skipped and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        _skips.append((report.nodeid, reason.removeprefix("Skipped: ")))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Under CI=true, a skip for any other reason than ALLOWED_CI_SKIP fails the run (a CI without the
-    multi-host tests would pass silently); the allowed ones are named in the log."""
-    if os.environ.get("CI") != "true" or hasattr(session.config, "workerinput"):
-        return
-    allowed = [(node, why) for node, why in _skips if why.startswith(ALLOWED_CI_SKIP)]
-    unexpected = [(node, why) for node, why in _skips if not why.startswith(ALLOWED_CI_SKIP)]
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter and (allowed or unexpected):
-        reporter.ensure_newline()
-    if allowed and reporter:
-        reporter.write_line(f"CI: {len(allowed)} test(s) skipped because this machine {allowed[0][1]}")
-    if unexpected:
-        if reporter:
-            for node, why in unexpected:
-                reporter.write_line(f"CI: unexpected skip of {node}: {why}")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -1,6 +1,6 @@
 """Warm start (spares.py): a task leaves a spare training process that has imported TensorFlow, the
-next task on that executor trains in it, even after Spark retired the Python worker that left it, and
-no spare outlives its idle timeout or Spark."""
+next task on that executor trains in it, even after Spark retired the Python worker that left it, no
+spare outlives its idle timeout or Spark, and no process of another local user takes one."""
 
 import time
 
@@ -10,6 +10,11 @@ from conftest import run_driver, training_processes
 def test_spares_outlive_python_workers_serve_the_next_fit_and_die_with_spark():
     report = run_driver("spares_fit.py")
     first, second, timed_out, off, last = report["fits"]
+    # Another local user (nobody) found the keepers' sockets, got no spare, and planted no job (issue 58).
+    intruder = report["intruder"]
+    assert intruder.get("uid") == 65534 and intruder["sockets"] >= 2, intruder
+    assert intruder["taken"] == 0 and not intruder["marker"], intruder
+    assert intruder["spares_after"] == 2, intruder
     assert first["warm"] == [False, False]
     assert second["warm"] == [True, True]  # although the Python workers that left them are gone
     assert timed_out["warm"] == [True, True]

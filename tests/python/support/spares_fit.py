@@ -3,6 +3,10 @@ ones) whose Python workers exit after each task (spark.python.worker.reuse=false
 retires idle ones: spares must outlive them. Prints one JSON line."""
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import psutil
@@ -61,8 +65,22 @@ def fit(spares=2, idle_out=False):
     })
 
 
+def intrude():
+    """Another local user (support/intruder.py, as nobody) tries to take the spares the last fit left and
+    make them load a job it planted; the next fit must still find them."""
+    marker = os.path.join(tempfile.mkdtemp(), "planted-job-loaded")
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, "intruder.py"), marker], capture_output=True,
+                         text=True, timeout=120)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    seen = json.loads(lines[0][7:]) if lines else {"error": out.stderr[-2000:]}
+    time.sleep(3)  # a spare that took the job would have unpickled it by now
+    return dict(seen, marker=os.path.exists(marker), spares_after=len(ready_spares()))
+
+
 fit()
 fit()
+report["intruder"] = intrude()
 spark.conf.set("spark.tfbarrier.spareIdleTimeout", "5")
 fit(idle_out=True)  # leaves spares that give up after 5 s (2 s: a loaded machine could miss them in between)
 spark.conf.unset("spark.tfbarrier.spareIdleTimeout")

@@ -1,0 +1,169 @@
+"""No local user gets in either (issue 58): tfbarrier's directories are private to the job's user and
+swept once their owner is gone (workdirs.py), and a training process loads a job only from such a
+directory. The spares' keepers, which another user could reach through Linux's abstract sockets, are
+tested in test_spares.py (support/intruder.py)."""
+
+import glob
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+
+import tf_keras
+from conftest import left_behind
+
+import tfbarrier
+from tfbarrier import faults, protocol, settings, workdirs
+from tfbarrier.launcher import TrainingProcess
+
+NOBODY = 65534
+# Run as root, it becomes nobody, then tries to read each path given: prints one JSON line, a path's
+# first byte or the error's name.
+AS_NOBODY = """
+import json, os, sys
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+seen = {}
+for path in sys.argv[1:]:
+    try:
+        seen[path] = sorted(os.listdir(path)) if os.path.isdir(path) else open(path, 'rb').read(1).hex()
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+print(json.dumps(seen))
+"""
+
+
+def read_as_nobody(paths):
+    out = subprocess.run([sys.executable, "-c", AS_NOBODY, *paths], capture_output=True, text=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+class Inspect(tf_keras.callbacks.Callback):
+    """In worker 0's training process, once it trains: the modes of its work directory and of the files
+    there, of its home and of the driver's job directories (local mode: the same host), what nobody reads
+    of them, and whether the job's secret is in its environment or its task's. Written to ``out``."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def on_train_begin(self, logs=None):
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] != 0:
+            return
+        workdir = os.path.dirname(os.readlink("/proc/self/fd/1"))  # the log there is its output
+        job = protocol.read_pickle(workdir, protocol.JOB_FILE)
+        files = [os.path.join(workdir, name) for name in (protocol.JOB_FILE, protocol.LOG_FILE, protocol.SHARD_FILE)]
+        homes = [path for path in sys.path if os.path.basename(path).startswith("tfbarrier-process-")]
+        jobs = glob.glob(os.path.join(tempfile.gettempdir(), "tfbarrier-job-*"))
+        with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+            task_environ = f.read().decode(errors="replace")
+        seen = {
+            "modes": {path: oct(stat.S_IMODE(os.stat(path).st_mode)) for path in [workdir, *files, *homes, *jobs]},
+            "dirs": {"workdir": workdir, "homes": homes, "jobs": jobs, "files": files},
+            "nobody": read_as_nobody([workdir, *files, *homes, *jobs]),
+            "secret_in_environ": job.secret in json.dumps(dict(os.environ)) or job.secret in task_environ,
+        }
+        with open(self.out, "w") as f:
+            json.dump(seen, f)
+
+
+def test_a_fits_directories_and_files_are_its_users_alone_and_its_secret_in_no_environment(digits_df, tmp_path):
+    out = str(tmp_path / "seen.json")
+    model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(10, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    tfbarrier.fit(digits_df, model, features="pixels", label="digit", epochs=1, batch_size=64, num_workers=2,
+                  steps_per_epoch=2, callbacks=lambda: [Inspect(out)], verbose=0)
+    with open(out) as f:
+        seen = json.load(f)
+    dirs = seen["dirs"]
+    assert dirs["homes"] and dirs["jobs"], dirs  # each kind was found
+    for path in [dirs["workdir"], *dirs["homes"], *dirs["jobs"]]:
+        assert seen["modes"][path] == "0o700", (path, seen["modes"])
+        assert seen["nobody"][path] == "PermissionError", (path, seen["nobody"])
+    for path in dirs["files"]:
+        assert seen["nobody"][path] == "PermissionError", (path, seen["nobody"])
+    assert seen["modes"][dirs["files"][0]] == "0o600"  # the job's pickle
+    assert seen["modes"][dirs["files"][1]] == "0o600"  # the process's log
+    assert not seen["secret_in_environ"]
+
+
+def planted_directory(tmp_path, marker):
+    """A directory of nobody's holding a job file whose unpickling creates ``marker``."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    code = (f"import pickle\nclass Planted:\n    def __reduce__(self):\n        return open, ({str(marker)!r}, 'w')\n"
+            f"open({str(planted / protocol.JOB_FILE)!r}, 'wb').write(pickle.dumps(Planted()))\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    os.chown(planted, NOBODY, NOBODY)
+    os.chown(planted / protocol.JOB_FILE, NOBODY, NOBODY)
+    return str(planted)
+
+
+def test_a_training_process_never_loads_a_job_from_a_directory_another_user_owns(tmp_path):
+    marker = tmp_path / "planted-job-loaded"
+    planted = planted_directory(tmp_path, marker)
+    with TrainingProcess(dict(os.environ, **settings.TRAINING_ENV)) as process:
+        process.adopt(planted, {}, 0, "localhost")
+        code = process.wait()
+    assert code == faults.EXIT_FAILED
+    assert not marker.exists()
+    # nothing written there: no error file, and the log adopt() made (as a task does) stayed empty
+    assert sorted(os.listdir(planted)) == [protocol.JOB_FILE, protocol.LOG_FILE]
+    assert os.path.getsize(os.path.join(planted, protocol.LOG_FILE)) == 0
+    assert left_behind() == []
+
+
+def test_only_a_directory_of_this_user_that_no_other_writes_is_private(tmp_path):
+    private = workdirs.make("tfbarrier-test-")
+    try:
+        assert workdirs.is_private(private)
+        assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+        os.symlink(private, tmp_path / "link")
+        assert not workdirs.is_private(str(tmp_path / "link"))  # a link to one is not one
+        os.chmod(private, 0o777)
+        assert not workdirs.is_private(private)
+        os.chmod(private, 0o700)
+        os.chown(private, NOBODY, NOBODY)
+        assert not workdirs.is_private(private)
+    finally:
+        subprocess.run(["rm", "-rf", private], check=True)
+
+
+def test_a_directory_whose_owner_is_gone_is_swept_and_a_live_owners_kept(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        gone, kept = workdirs.make("tfbarrier-test-"), workdirs.make("tfbarrier-test-")
+        workdirs.hand_over(gone, owner.pid)
+        open(os.path.join(gone, protocol.LOG_FILE), "w").close()
+        assert workdirs.sweep(force=True) == []  # its owner still runs
+        owner.kill()
+        owner.wait()
+        assert workdirs.sweep(force=True) == [gone]
+        assert not os.path.exists(gone) and os.path.isdir(kept)  # this process owns the other
+    finally:
+        owner.kill()
+        subprocess.run(["rm", "-rf", kept], check=True)
+
+
+def test_a_directory_whose_owners_pid_now_names_another_process_is_swept():
+    directory = workdirs.make("tfbarrier-test-")
+    try:
+        with open(os.path.join(directory, workdirs.OWNER_FILE), "w") as f:
+            f.write(f"{os.getpid()} 1\n")  # this pid, but a process that started at another time
+        assert workdirs.sweep(force=True) == [directory]
+    finally:
+        subprocess.run(["rm", "-rf", directory], check=True)
+
+
+def test_predicts_copies_of_the_model_are_in_the_applications_own_directory(spark, digits_df):
+    from pyspark import SparkFiles
+
+    model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(10, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    assert len(tfbarrier.predict(digits_df.limit(20), model, features="pixels").collect()) == 20
+    directory = os.path.join(SparkFiles.getRootDirectory(), "tfbarrier-models")  # local mode: the executor's too
+    copies = [os.path.join(directory, name) for name in os.listdir(directory)]
+    assert copies and stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert set(read_as_nobody([directory, *copies]).values()) == {"PermissionError"}
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), "tfbarrier-models-*"))
