@@ -26,7 +26,7 @@ VERSION_VENVS := $(foreach v,$(SPARK_VERSIONS),build/venv-spark$(v)/.installed)
 VERSION_TESTS := $(foreach v,$(SPARK_VERSIONS),test-spark-$(v))
 export TFBARRIER_SPARK_PYTHONS := $(abspath $(PY)) $(foreach v,$(SPARK_VERSIONS),$(abspath build/venv-spark$(v)/bin/python))
 
-.PHONY: demo demo-python demo-r test test-start test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r r-build r-install r-deps bench venv system-deps clean
+.PHONY: demo demo-python demo-r test test-start test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r r-build r-install r-deps venv system-deps clean
 
 demo: demo-python demo-r
 
@@ -52,7 +52,8 @@ test-leftovers: venv
 test-python: venv $(VERSION_VENVS)
 	$(PY) -m pytest -n 2 --dist loadfile tests/python
 
-# The core subset (tests marked `versions`: fit, predict, tune, a failure, attach) on each older Spark
+# The core subset (tests marked `versions`: the default fit over the ring, a native Keras 3 fit, a fit under
+# TLS, named inputs, predict, tune, a failure, attach) on each older Spark
 # release the core supports, each in a venv of its own: that release's pyspark, then .venv's packages
 # (TensorFlow and the rest) through a .pth line, so only pyspark is installed again. The releases run at
 # once, each log printed whole when it ends: a run leaves a fifth of the 2 cores idle (JVMs starting).
@@ -114,20 +115,83 @@ $(BENCH_SITE)/.installed: $(STAMP)
 # The revision before shards were streamed: fit_bench and memory_bench run it next to this tree.
 STREAMING_BASELINE := 74a8fa1
 
-# Each script rewrites its table in bench/README.md (about an hour and a half in all on 2 cores).
-bench: venv $(BENCH_SITE)/.installed
-	$(BENCH_PY) bench/fit_bench.py --model cnn --baseline-ref $(STREAMING_BASELINE)
-	$(BENCH_PY) bench/fit_bench.py --model large
-	$(PY) bench/gap_bench.py
-	$(BENCH_PY) bench/scaling_bench.py
-	$(PY) bench/feed_bench.py --rows 100000 1000000
+# Every table of bench/README.md, rerun: each target runs the command its section names (its "<!-- run"
+# line; tests/python/test_bench_readme.py holds the two together) and rewrites that section. Hours on 2 cores;
+# the hosts benchmarks make network namespaces (root). `make bench-fit-cnn` reruns one table.
+BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-no-onednn memory first-step \
+                anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
+                hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
+                encryption-native encryption-translated hosts-encryption
+.PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
+bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
+
+bench-fit-cnn: venv $(BENCH_SITE)/.installed
+	$(BENCH_PY) bench/fit_bench.py --model cnn --rounds 2
+bench-fit-large: venv $(BENCH_SITE)/.installed
+	$(BENCH_PY) bench/fit_bench.py --model large --rounds 2
+bench-gap: venv
+	$(PY) bench/gap_bench.py --rounds 3
+bench-scaling: venv $(BENCH_SITE)/.installed
+	$(BENCH_PY) bench/scaling_bench.py --workers 1 2 4 --rounds 3
+bench-feed: venv
+	$(PY) bench/feed_bench.py --rows 100000 1000000 --rounds 3
+bench-environment: venv
+	$(PY) bench/env_bench.py --rounds 5
+bench-predict: venv
+	$(PY) bench/predict_bench.py --rows 50000 --large-rows 20000 --rounds 3
+bench-predict-no-onednn: venv
+	TF_ENABLE_ONEDNN_OPTS=0 $(PY) bench/predict_bench.py --rows 50000 --large-rows 5000 --rounds 3
+bench-memory: venv
 	$(PY) bench/memory_bench.py --gb 0.3 1 3 --baseline-ref $(STREAMING_BASELINE) --baseline-gb 0.3
-	$(PY) bench/memory_estimate_bench.py --rounds 2
-	$(PY) bench/throughput_ab.py --baseline-ref $(STREAMING_BASELINE)  # prints; bench/README's targets cite it
-	$(PY) bench/first_step_bench.py
-	$(PY) bench/env_bench.py
-	$(PY) bench/predict_bench.py
-	$(PY) bench/exchange_bench.py
+bench-first-step: venv
+	$(PY) bench/first_step_bench.py --rows 400000 --rounds 3
+bench-anatomy: venv
+	$(PY) bench/step_anatomy_bench.py --steps 200 --rounds 3
+bench-anatomy-large: venv
+	$(PY) bench/step_anatomy_bench.py --model large --steps 40 --rounds 5
+bench-large-models: venv
+	$(PY) bench/large_model_bench.py --rounds 2
+bench-large-models-checkpoint: venv
+	$(PY) bench/large_model_bench.py --checkpoint --rounds 3
+bench-sparklyr: venv
+	$(PY) bench/sparklyr_bench.py --rows 1000000 --rounds 3
+bench-vector-columns: venv
+	PYTHONPATH=bench $(PY) bench/vector_bench.py --rows 20000 --width 512 --rounds 3
+bench-tracking: venv
+	PYTHONPATH=bench $(PY) bench/tracking_bench.py --rows 8192 --epochs 4 --rounds 3
+bench-hosts: venv $(BENCH_SITE)/.installed
+	$(BENCH_PY) bench/hosts_bench.py --models cnn large --rates unshaped 10gbit 1gbit 100mbit --hosts 2 3 --rounds 3 --contenders-on-three default
+bench-faults: venv
+	PYTHONPATH=bench $(PY) bench/faults_bench.py --rounds 2
+bench-scaling-model: venv
+	$(PY) bench/scaling_model.py --rounds 3
+bench-allocator: venv
+	$(PY) bench/allocator_bench.py --rounds 3
+bench-exchange: venv
+	$(PY) bench/exchange_bench.py --rounds 3
+bench-memory-estimate: venv
+	$(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn cnn-wide mlp12 mlp61 mlp150 mlp300
+bench-cpu-pool: venv
+	$(PY) bench/cpu_pool_bench.py --rounds 3
+bench-speed-onednn: venv
+	$(PY) bench/cpu_pool_bench.py --onednn --rounds 3
+bench-keras3-paths: venv
+	$(PY) bench/keras3_paths_bench.py --rounds 3 --models cnn mlp61-adam
+bench-encryption-native: venv
+	$(PY) bench/encryption_bench.py --rounds 3 --models cnn mlp61-adam --path native
+bench-encryption-translated: venv
+	$(PY) bench/encryption_bench.py --rounds 3 --models cnn mlp61-adam --path translated
+bench-hosts-encryption: venv $(BENCH_SITE)/.installed
+	$(BENCH_PY) bench/hosts_bench.py --models cnn large --rates unshaped 1gbit 100mbit --hosts 2 --rounds 2 --contenders default tls strategy by-hand --section=-encryption
+
+# Speed, memory and predict in under 15 minutes, one round each on small data: a quick look, written to
+# build/bench-quick.md (TFBARRIER_BENCH_README), never over bench/README.md's tables.
+bench-quick: venv
+	rm -f build/bench-quick.md
+	TFBARRIER_BENCH_README=build/bench-quick.md $(PY) bench/cpu_pool_bench.py --onednn --rounds 1
+	TFBARRIER_BENCH_README=build/bench-quick.md $(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn mlp12
+	TFBARRIER_BENCH_README=build/bench-quick.md $(PY) bench/predict_bench.py --rows 10000 --large-rows 2000 --rounds 1
+	@echo "bench-quick: build/bench-quick.md"
 
 venv: system-deps $(STAMP)
 

@@ -1,16 +1,20 @@
 """Shared benchmark helpers: interleaved rounds, min/median/max, the machine and versions, and
 writing a section of bench/README.md."""
 
+import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from datetime import date
 
-README = os.path.join(os.path.dirname(os.path.abspath(__file__)), "README.md")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where sections are written: bench/README.md, or (make bench-quick) the file TFBARRIER_BENCH_README names.
+README = os.path.join(ROOT, os.environ.get("TFBARRIER_BENCH_README", os.path.join("bench", "README.md")))
 
 
 def local_spark_env():
@@ -131,17 +135,43 @@ def machine():
             f"pyarrow {pyarrow.__version__}")
 
 
+def _cpu_fields():
+    with open("/proc/cpuinfo") as info:
+        first = info.read().split("\n\n")[0]  # the first CPU's block
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+
+
+def avx512():
+    """Whether this CPU has AVX-512 (TensorFlow then turns oneDNN on by default)."""
+    return "avx512f" in _cpu_fields().get("flags", "").split()
+
+
 def cpu():
     """The CPU's model name, the features that decide TensorFlow's oneDNN default (AVX-512 and its
     neural-network extensions), and whether oneDNN is on in this process (TF_ENABLE_ONEDNN_OPTS)."""
-    with open("/proc/cpuinfo") as info:
-        first = info.read().split("\n\n")[0]  # the first CPU's block
-    fields = {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+    fields = _cpu_fields()
     model = " ".join(fields.get("model name", platform.processor()).split())
     flags = fields.get("flags", "").split()
-    avx512 = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
-    features = ", ".join(avx512) if avx512 else "no AVX-512"
-    return f"{model}, {features}, oneDNN {'on' if onednn_on() else 'off'}"
+    features = [f for f in ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{model}, {', '.join(features) if features else 'no AVX-512'}, oneDNN {'on' if onednn_on() else 'off'}"
+
+
+def command():
+    """This benchmark's command line, as it is rerun from the repository's root."""
+    prefix = "PYTHONPATH=build/bench-site " if "bench-site" in os.environ.get("PYTHONPATH", "") else ""
+    prefix += "TF_ENABLE_ONEDNN_OPTS=0 " if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" and "--onednn" not in sys.orig_argv else ""
+    argv = sys.orig_argv[next(i for i, arg in enumerate(sys.orig_argv) if arg.endswith(".py")):]  # as typed
+    script = os.path.relpath(os.path.abspath(argv[0]), ROOT)
+    return prefix + " ".join([".venv/bin/python", script, *map(shlex.quote, argv[1:])])
+
+
+def run_line(**known):
+    """The line a script reads of a section (tests/python/test_bench_readme.py): the command that wrote it,
+    the revision, the date and the machine, as JSON in an HTML comment. ``known`` overrides the fields."""
+    fields = {"command": command(), "revision": revision(), "date": str(date.today()), "cpu": cpu(),
+              "avx512": avx512()}
+    fields.update(known)
+    return f"<!-- run {json.dumps(fields)} -->"
 
 
 def onednn_on():
@@ -163,7 +193,7 @@ def revision():
 def write_section(name, body):
     """Replace (or append) the section between the markers for ``name`` in bench/README.md."""
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    section = f"{begin}\n{body.strip()}\n\n_Run on {date.today()} at {revision()}: {machine()}._\n{end}"
+    section = f"{begin}\n{body.strip()}\n\n_Run on {date.today()} at {revision()}: {machine()}._\n{run_line()}\n{end}"
     text = open(README).read() if os.path.exists(README) else "# Benchmarks\n"
     if begin in text:
         text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: section, text, flags=re.S)

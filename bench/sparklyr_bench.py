@@ -255,7 +255,7 @@ def main():
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows of the user's table (1,000,000)")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of both modes, order alternating (1)")
-    parser.add_argument("--out", help="also write the header and table to this file (default: print only)")
+    parser.add_argument("--out", help="write the header and table to this file instead of bench/README.md")
     parser.add_argument("--driver-memory", default="2g",
                         help="spark.driver.memory of each local[2] application, both modes (2g)")
     args = parser.parse_args()
@@ -288,6 +288,8 @@ def main():
     if args.out:
         with open(args.out, "w") as f:
             f.write(body + "\n")
+    else:
+        harness.write_section("sparklyr", body)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,22 @@ def two_worker_fit(digits_df, input_model):
 
 
 @pytest.mark.versions
-def test_two_workers_learn_digits_to_90_percent_held_out(two_worker_fit, digits):
+def test_two_workers_learn_digits_to_90_percent_held_out_over_tfbarriers_ring(two_worker_fit, digits):
     assert held_out_accuracy(two_worker_fit.model, digits[1]) >= 0.90
+    assert all(w["communication"]["implementation"].startswith("tfbarrier ring") for w in two_worker_fit.workers)
+
+
+@pytest.mark.versions
+def test_where_traffic_must_be_encrypted_the_ring_and_the_driver_link_are_tls(spark, digits_df):
+    spark.conf.set("spark.tfbarrier.encrypt", "always")  # stands in for a cluster that encrypts its own traffic
+    try:
+        result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                               num_workers=2, steps_per_epoch=3, verbose=0)
+    finally:
+        spark.conf.unset("spark.tfbarrier.encrypt")
+    for worker in result.workers:
+        assert worker["communication"]["encryption"].startswith("TLSv1.3"), worker["communication"]
+        assert worker["transfer"]["encryption"].startswith("TLSv1.3"), worker["transfer"]
 
 
 def test_replicas_end_with_identical_weights(two_worker_fit):

@@ -97,6 +97,7 @@ def trained(spark):
     return {"result": result, "model": model, "reference": reference, "history": history, "df": df, "data": data}
 
 
+@pytest.mark.versions
 def test_two_workers_train_several_inputs_and_outputs_as_one_process_would(trained):
     result, reference, history = trained["result"], trained["reference"], trained["history"]
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]

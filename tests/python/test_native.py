@@ -92,7 +92,7 @@ def copy_of(model):
 
 
 @pytest.mark.parametrize("build, options", [
-    (gated_model, {"steps_per_execution": 3}),
+    pytest.param(gated_model, {"steps_per_execution": 3}, marks=pytest.mark.versions),
     (subclassed_model, {"communication": {"bytes_per_pack": 600}}),  # the gradients in 2 packs: 512 + 64, 64 + 4 bytes
 ], ids=["custom_layer_and_loss_3_steps_a_call", "subclassed_in_packs"])
 def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, options, tmp_path):
