@@ -52,8 +52,11 @@ test_that("an attached R session trains on a view of the JVM's application and s
     "       detached = is.null(tfbarrier:::core$attached_session()), cluster_jobs = cluster$ask(jobs))",
     "cluster$quit()"
   ), script)
+  # PYSPARK_PYTHON empty: this session's (tf_spark_connect() sets it) would name the executors' Python for
+  # the cluster that must be refused for not saying it
   out <- suppressWarnings(system2(file.path(R.home("bin"), "Rscript"), script, stdout = TRUE, stderr = TRUE,
-                                  env = paste0("R_LIBS=", paste(.libPaths(), collapse = ":")), timeout = 900))
+                                  env = c(paste0("R_LIBS=", paste(.libPaths(), collapse = ":")), "PYSPARK_PYTHON="),
+                                  timeout = 900))
   line <- regmatches(out, regexpr("RESULT .*", out))
   if (length(line) != 1) {
     fail(paste0("no RESULT line; the output ends:\n", paste(utils::tail(out, 40), collapse = "\n")))

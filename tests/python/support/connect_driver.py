@@ -61,11 +61,12 @@ outcome["predict"] = {"rows": len(rows), "same_as_local": float(np.mean(rows["pr
 vectors = spark.createDataFrame(train).withColumn("vector", array_to_vector("pixels"))
 trained = KerasEstimator(model=mlp(0.01), featuresCol="vector", labelCol="digit", epochs=2, batchSize=64,
                          verbose=0).fit(vectors)
-saved = os.path.join(tempfile.mkdtemp(prefix="tfbarrier-connect-ml-"), "model")
-trained.write().save(saved)
-first = vectors.limit(20)
-scored = [model.transform(first).select("prediction").toPandas()["prediction"].tolist()
-          for model in (trained, KerasModel.load(saved))]
+with tempfile.TemporaryDirectory(prefix="connect-ml-") as directory:
+    saved = os.path.join(directory, "model")
+    trained.write().save(saved)
+    first = vectors.limit(20)
+    scored = [model.transform(first).select("prediction").toPandas()["prediction"].tolist()
+              for model in (trained, KerasModel.load(saved))]
 local = predict_local(trained.keras_model, np.stack(first.select("pixels").toPandas()["pixels"])).tolist()
 outcome["spark_ml"] = {"epochs": len(trained.history["loss"]), "same_after_load": scored[0] == scored[1],
                        "same_as_local": scored[0] == [float(c) for c in local]}
