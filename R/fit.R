@@ -2,7 +2,7 @@
 #'
 #' Runs one Spark barrier stage of `num_workers` tasks; each trains on its own partition of the data
 #' in a TensorFlow process (gradients averaged every step over tfbarrier's authenticated ring, or under
-#' `MultiWorkerMirroredStrategy` with several GPUs per worker). The
+#' `MultiWorkerMirroredStrategy` with `exchange = "strategy"` or several GPUs per worker). The
 #' work is done by the Python core, `tfbarrier.fit()`.
 #'
 #' @param sdf The training data: a sparklyr `tbl_spark` (trained in its own connection's application, see
@@ -35,8 +35,13 @@
 #'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, `env` (a [tf_env()]),
 #'   `steps_per_execution` (training steps per call into TensorFlow: `"auto"` by default, which times
 #'   the first calls and then runs about half a second of steps per call; a number fixes it; `NULL`
-#'   keeps the model's own), `communication` (a named list: `bytes_per_pack`, `timeout_seconds`,
-#'   `implementation`, and `compression = "fp16"` to all-reduce the gradients in float16) and `mlflow`
+#'   keeps the model's own), `exchange` (how the gradients travel: `"tfbarrier"`, tfbarrier's own ring,
+#'   which admits only the job's processes and is TLS where the cluster encrypts; `"strategy"`,
+#'   `MultiWorkerMirroredStrategy` through TensorFlow's gRPC server, which accepts any client: a trusted
+#'   network only; `"auto"` (default): the ring, or the strategy for workers of several GPUs each),
+#'   `communication` (the exchange's options, a named list: `bytes_per_pack`, `timeout_seconds`,
+#'   `compression = "fp16"` to sum the gradients in float16, and the strategy's `implementation`,
+#'   `"ring"` or `"nccl"`) and `mlflow`
 #'   (log the fit to MLflow from the driver, with the `mlflow` extra of the Python package: `TRUE` for the
 #'   active run or a new run in the current experiment, an experiment's name, or a run id to continue;
 #'   the tracking URI is MLflow's own, e.g. `MLFLOW_TRACKING_URI` in Python's environment).

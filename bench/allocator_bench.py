@@ -39,7 +39,8 @@ def worker(index, ports, out):
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier import communication, optimizers
+    from tfbarrier.exchange import strategy as communication
+    from tfbarrier.fitting import optimizers
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication.strategy_options(tf, None))
     baseline = peak_mb()

@@ -5,7 +5,7 @@ in one driver after one warm-up fit of each:
   (spark.tfbarrier.encrypt=auto, Spark not encrypting) and over TLS 1.3 (spark.tfbarrier.encrypt=always:
   what a cluster with spark.network.crypto.enabled gets);
 - ``--path translated`` (the model rebuilt in tf_keras): under MultiWorkerMirroredStrategy (TensorFlow's
-  open gRPC server, its RING collective: communication implementation "ring"), over tfbarrier's ring in
+  open gRPC server, its RING collective: exchange "strategy"), over tfbarrier's ring in
   plain TCP (the default, "auto"), and over the ring in TLS 1.3 (encrypt=always).
 
 Models and rows: bench/keras3_paths_bench.py's (the slides' CNN, Adam, per-worker batch 64; the 61 M MLP,
@@ -28,17 +28,17 @@ import keras3_paths_bench as paths  # noqa: E402
 
 harness.local_spark_env()
 
-# per path: contender -> (spark.tfbarrier.encrypt, fit's communication implementation); the first is the base
-CONTENDERS = {"native": {"plain": ("auto", "auto"), "TLS 1.3": ("always", "auto")},
-              "translated": {"strategy": ("auto", "ring"), "ring": ("auto", "auto"),
-                             "ring, TLS 1.3": ("always", "auto")}}
+# per path: contender -> (spark.tfbarrier.encrypt, fit's exchange arguments); the first is the base
+STRATEGY = {"exchange": "strategy", "communication": {"implementation": "ring"}}
+CONTENDERS = {"native": {"plain": ("auto", {}), "TLS 1.3": ("always", {})},
+              "translated": {"strategy": ("auto", STRATEGY), "ring": ("auto", {}), "ring, TLS 1.3": ("always", {})}}
 
 
 def contenders_on(path):
     def contender(spark, df, rows, name, how):
         import tfbarrier
 
-        settings, (encrypt, implementation) = paths.MODELS[name], CONTENDERS[path][how]
+        settings, (encrypt, exchange) = paths.MODELS[name], CONTENDERS[path][how]
 
         def run():
             spark.conf.set("spark.tfbarrier.keras3Training", path)
@@ -48,7 +48,7 @@ def contenders_on(path):
             def fit(callbacks):
                 result = tfbarrier.fit(df, model, features="pixels", label="label", epochs=settings["epochs"],
                                        batch_size=settings["batch"], num_workers=2, steps_per_epoch=settings["steps"],
-                                       verbose=0, callbacks=callbacks, communication={"implementation": implementation})
+                                       verbose=0, callbacks=callbacks, **exchange)
                 for worker in result.workers:
                     assert worker["communication"]["implementation"].startswith("tfbarrier") == (how != "strategy")
                     for encryption in (worker["communication"].get("encryption", "none"),

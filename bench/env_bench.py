@@ -1,5 +1,5 @@
 """Environment bootstrap on one host: a cold build vs a cache hit of the same PythonEnv, through
-tfbarrier.environment.ensure() (what every barrier task runs before starting its training process).
+tfbarrier.spark.environment.ensure() (what every barrier task runs before starting its training process).
 The environment is the tests' kind: system_site_packages plus one small local wheel, so the numbers
 are tfbarrier's own cost (venv + lock + marker + one offline pip install), not download time.
 
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402
 from test_environments import write_wheel  # noqa: E402
 
-from tfbarrier.environment import PythonEnv, ensure  # noqa: E402
+from tfbarrier.spark.environment import PythonEnv, ensure  # noqa: E402
 
 
 def main():

@@ -27,7 +27,7 @@ TLS_FILE_ENV = "TFBARRIER_BENCH_TLS"  # the pickled job_tls.Credentials both rin
 def ring_worker(rank, ports, sizes, reps, tls=None):
     import numpy as np
 
-    from tfbarrier.exchange import Ring
+    from tfbarrier.exchange.ring import Ring
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", ports[rank]))
@@ -88,7 +88,7 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     args = parser.parse_args()
     sizes = [int(mb * 2**20 / 4) for mb in args.mb]
-    from tfbarrier.job_tls import Credentials
+    from tfbarrier.exchange.tls import Credentials
 
     with open(os.path.join(tempfile.mkdtemp(prefix="exchange-bench-"), "tls.pkl"), "wb") as f:
         pickle.dump(Credentials.new(), f)

@@ -58,7 +58,7 @@ def drain_shard(shard):
     """tfbarrier's streaming pipeline (shards.dataset_fn, no shuffle) over a shard file."""
     import tensorflow as tf
 
-    from tfbarrier import shards
+    from tfbarrier.data import shards
 
     make = shards.dataset_fn(shard, (WIDTH,), BATCH, seed=0, shuffle=False)
     return count_batches(make(tf.distribute.InputContext()), shard.rows)
@@ -76,7 +76,7 @@ def shard_path(df, layout):
     """tfbarrier's feed, in one Spark task: partition -> Arrow shard file -> mmap -> tf.data."""
 
     def feed(batches):
-        from tfbarrier import shards
+        from tfbarrier.data import shards
 
         workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-shard-")
         try:
@@ -98,7 +98,7 @@ def direct_path(spark, path, layout):
     with pyarrow (parquet_source.py) -> Arrow shard file -> streamed into tf.data."""
 
     def feed(_):
-        from tfbarrier import parquet_source, shards
+        from tfbarrier.data import parquet_source, shards
 
         workdir = tempfile.mkdtemp(prefix="tfbarrier-bench-direct-")
         try:
@@ -154,7 +154,7 @@ def main():
 
     from pyspark.sql import SparkSession
 
-    from tfbarrier import layouts
+    from tfbarrier.data import layouts
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").config("spark.driver.memory", "6g")

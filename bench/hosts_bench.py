@@ -20,7 +20,7 @@ The contenders are bench/fit_bench.py's, on the same workload (bench/workloads.p
   (only when named by --contenders: what the protection of issue 44 costs)
   tfbarrier.fit over TLS         "tls": the default over TLS 1.3 (spark.tfbarrier.encrypt=always: what an
                                  encrypting cluster gets)
-  tfbarrier.fit, the strategy    "strategy": communication={"implementation": "ring"}, under
+  tfbarrier.fit, the strategy    "strategy": exchange="strategy" (its RING collective), under
                                  MultiWorkerMirroredStrategy with its open gRPC servers (the default
                                  before tfbarrier's authenticated ring)
   Keras 3 native[, over TLS]     "native", "native-tls": the model trained natively, plain or over TLS
@@ -66,11 +66,12 @@ DEFAULT, FP16, DISTRIBUTOR, BY_HAND = ("tfbarrier.fit (default)", "tfbarrier.fit
 PEERS = (DISTRIBUTOR, BY_HAND)
 LIMIT = "one process on one host (limit)"
 CONTENDERS = ("default", "fp16", "packs", "distributor", "by-hand", "limit")  # --contenders
-# --contenders key: (name, fit's communication, session conf for the run)
-CONFIGURED = {"tls": ("tfbarrier.fit over TLS", None, {"spark.tfbarrier.encrypt": "always"}),
-              "strategy": ("tfbarrier.fit, the strategy", {"implementation": "ring"}, {}),
-              "native": ("tfbarrier.fit, Keras 3 native", None, {"spark.tfbarrier.keras3Training": "native"}),
-              "native-tls": ("tfbarrier.fit, Keras 3 native over TLS", None,
+# --contenders key: (name, fit's exchange arguments, session conf for the run)
+CONFIGURED = {"tls": ("tfbarrier.fit over TLS", {}, {"spark.tfbarrier.encrypt": "always"}),
+              "strategy": ("tfbarrier.fit, the strategy", {"exchange": "strategy",
+                                                           "communication": {"implementation": "ring"}}, {}),
+              "native": ("tfbarrier.fit, Keras 3 native", {}, {"spark.tfbarrier.keras3Training": "native"}),
+              "native-tls": ("tfbarrier.fit, Keras 3 native over TLS", {},
                              {"spark.tfbarrier.keras3Training": "native", "spark.tfbarrier.encrypt": "always"})}
 ON_THREE = ("default", "fp16", "packs")
 PACK = 1 << 20
@@ -122,8 +123,8 @@ def contenders(spark, df, job, keys, packs):
         elif key == "by-hand":
             runs[BY_HAND] = fit_bench.barrier_by_hand(spark, job)
         elif key in CONFIGURED:
-            name, communication, conf = CONFIGURED[key]
-            runs[name] = with_conf(spark, fit_bench.tfbarrier_fit(df, job, communication=communication), conf)
+            name, exchange, conf = CONFIGURED[key]
+            runs[name] = with_conf(spark, fit_bench.tfbarrier_fit(df, job, **exchange), conf)
     return runs
 
 

@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,11 +40,12 @@ import time
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 import harness  # noqa: E402
+from large_model_runs import BATCH, fmt, keras_files, run_driver, run_floor, run_spark_share  # noqa: E402
 from memory_probes import PeakSampler, jvm_heap, process_mb, resident_mb  # noqa: E402
 
 harness.local_spark_env()
 
-INPUT, OUTPUTS, ROWS, BATCH = 1024, 10, 256, 64
+INPUT, OUTPUTS, ROWS = 1024, 10, 256
 # hidden width, optimizer. The last two: the largest that 2 workers train on this 24 GiB machine (issue 43)
 MODELS = {"mlp61-sgd": (7310, "sgd"), "mlp61-adam": (7310, "adam"), "mlp300-sgd": (16810, "sgd"),
           "mlp340-sgd": (17930, "sgd"), "mlp250-adam": (15300, "adam")}
@@ -192,7 +192,7 @@ def check_trained(report, df, result):
 def refused(report, spark, model):
     """Whether fit's check on the driver refuses the model (its workers cannot hold it): then its
     message is in ``report`` (fit would raise it before the stage)."""
-    from tfbarrier import memory
+    from tfbarrier.models import memory
     from tfbarrier.errors import ModelError
 
     report["worker_budget"] = memory.executor_budget(spark, 2)[0]  # what the check gives each worker now
@@ -206,54 +206,11 @@ def refused(report, spark, model):
 
 # ---- the benchmark --------------------------------------------------------------------------------
 
-def _json_of(command, flag="--out"):
-    """What the subprocess ``command`` wrote as JSON to the file it is given with ``flag``."""
-    path = tempfile.mktemp(suffix=".json")
-    subprocess.run([*command, flag, path], check=True)
-    with open(path) as f:
-        result = json.load(f)
-    os.remove(path)
-    return result
-
-
-def run_floor(name, keras_file):
-    return _json_of([sys.executable, __file__, "floor", "--model", name, "--file", keras_file,
-                     "--started", repr(time.time())], flag="--clock")
-
-
-def run_spark_share():
-    return _json_of([sys.executable, os.path.join(BENCH, "spark_share.py")])
-
-
-def run_driver(name, fits=2, steps=None, checkpoint_every=None):
-    command = [sys.executable, __file__, "driver", "--model", name, "--fits", str(fits)]
-    if steps:
-        command += ["--steps", str(steps)]
-    if checkpoint_every is not None:
-        command += ["--checkpoint-every", str(checkpoint_every)]
-    return _json_of(command)
-
-
-def keras_files(names, directory):
-    """Each model saved once as a tf_keras .keras file, what the floor loads (each in a process of its
-    own: TensorFlow's allocator keeps what it once held)."""
-    paths = {}
-    for name in names:
-        paths[name] = os.path.join(directory, f"{name}.keras")
-        subprocess.run([sys.executable, __file__, "save", "--model", name, "--file", paths[name]], check=True)
-    return paths
-
-
 def save(args):
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
     import tf_keras
 
     build(tf_keras, args.model).save(args.file)
-
-
-def fmt(values, digits=1):
-    low, mid, high = harness.stats(values)
-    return f"{mid:,.{digits}f} ({low:,.{digits}f}-{high:,.{digits}f})"
 
 
 def model_rows(name, floors, drivers):
@@ -371,11 +328,12 @@ def large_models_section(models, rounds, floors, drivers):
 def check_limit(name, drivers):
     """What the memory check gave each worker of ``name``'s fits, and the parameters (float32) of the largest
     model of its optimizer that it would then accept (its batch and layer outputs, a few MB here, left out)."""
-    from tfbarrier import memory
+    from tfbarrier import exchange as exchanges
+    from tfbarrier.models import memory
 
     budget, optimizer = statistics.median(d["worker_budget"] for d in drivers), MODELS[name][1]
     room = budget - memory.TENSORFLOW_BYTES  # a fit over the ring (the default)
-    largest = room / (4 * (memory.RING_STEP_COPIES + (2 if optimizer == "adam" else 0)))
+    largest = room / (4 * (exchanges.named("tfbarrier").step_copies + (2 if optimizer == "adam" else 0)))
     return (f"{name} {budget / 2**30:.1f} GiB (the largest {optimizer.upper()} model it accepts then: "
             f"{largest / 1e6:,.0f} M parameters)")
 

@@ -6,7 +6,7 @@ import statistics
 import tempfile
 
 import harness
-from large_model_bench import BATCH, fmt, keras_files, run_driver, run_floor
+from large_model_runs import BATCH, fmt, keras_files, run_driver, run_floor
 
 
 def checkpoint_section(rounds, name="mlp61-sgd", steps=16, every=4):

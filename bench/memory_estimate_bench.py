@@ -66,7 +66,7 @@ def measure(df, name, optimizer):
     import keras
 
     import tfbarrier
-    from tfbarrier import memory
+    from tfbarrier.models import memory
 
     harness.settle()
     model = build(keras, name, optimizer)

@@ -55,7 +55,7 @@ def training_processes_mb():
     import psutil
 
     return [proc.info["memory_info"].rss / 2**20 for proc in psutil.process_iter(["cmdline", "memory_info"])
-            if "tfbarrier.training_process" in " ".join(proc.info["cmdline"] or []) and proc.info["memory_info"]]
+            if "tfbarrier.spark.training_process" in " ".join(proc.info["cmdline"] or []) and proc.info["memory_info"]]
 
 
 def resident_mb():

@@ -124,8 +124,8 @@ def floor(df, units):
     from pyspark.sql import functions as F
 
     from tfbarrier import inference
-    from tfbarrier.layouts import layout as features_layout
-    from tfbarrier.stored_forms import stored_form
+    from tfbarrier.data.layouts import layout as features_layout
+    from tfbarrier.data.stored_forms import stored_form
 
     layout = features_layout(df.schema, "x", scoring=True)
 
@@ -133,9 +133,9 @@ def floor(df, units):
         for batch in batches:
             x = layout.x(batch)
             rows = stored_form(x.type).to_numpy(x)
-            yield inference._column(np.zeros((len(rows), units), np.float32), "probabilities")
+            yield inference.output_column(np.zeros((len(rows), units), np.float32), "probabilities")
 
-    udf = inference._scoring_udf(score, "array<float>")
+    udf = inference.scoring_udf(score, "array<float>")
     return df.withColumn("prediction", udf(F.struct(*layout.feature_projection(df.sparkSession))))
 
 

@@ -16,8 +16,9 @@ import large_model_bench
 
 def measure():
     """{"profile": s, "python_tasks": s} in a fresh SparkSession."""
-    from tfbarrier import checks, protocol
-    from tfbarrier.layouts import layout
+    from tfbarrier import checks
+    from tfbarrier.spark import protocol
+    from tfbarrier.data.layouts import layout
 
     spark, df = large_model_bench.driver_session()
     started = time.time()
@@ -30,7 +31,7 @@ def measure():
 
 
 def _task_imports(batches):
-    import tfbarrier.task  # noqa: F401 - what unpickling a fit's task function imports
+    import tfbarrier.spark.task  # noqa: F401 - what unpickling a fit's task function imports
 
     for _ in batches:
         pass

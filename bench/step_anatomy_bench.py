@@ -148,7 +148,8 @@ def keras_fit(strategy, kind, x, y, steps_per_execution, reduction="auto", metri
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier import communication, pacing
+    from tfbarrier.exchange import strategy as communication
+    from tfbarrier.fitting import pacing
     from workloads import build_model
 
     class EpochClock(tf_keras.callbacks.Callback):

@@ -15,10 +15,10 @@ import time
 
 import psutil
 
-from tfbarrier import workdirs
+from tfbarrier.spark import workdirs
 
 RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "tmp-before-test.txt")
-PROCESSES = ("tfbarrier.training_process", "tfbarrier.spares")
+PROCESSES = ("tfbarrier.spark.training_process", "tfbarrier.spark.spares")
 
 
 def tfbarrier_processes():

@@ -10,14 +10,14 @@ until one is used: a training process, and a spare's keeper, start on the light 
 
 import importlib
 
-from . import errors, tf_banners
+from tfbarrier import errors, tf_banners
 
 # What ``tfbarrier.<name>`` is, and the module it comes from.
 # A call is never named as a module: importing a submodule sets the package's attribute of its name, over
 # the call (``tfbarrier.attach`` was both, and became the module once ``attached_session`` was used).
 _CALLS = {"FitResult": "api", "apply": "api", "fit": "api", "run": "api",
-          "attach": "attachment", "attached_session": "attachment", "detach": "attachment",
-          "PythonEnv": "environment", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
+          "attach": "spark.attachment", "attached_session": "spark.attachment", "detach": "spark.attachment",
+          "PythonEnv": "spark.environment", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
           "TuneResult": "tuning", "tune": "tuning"}
 
 

@@ -1,141 +1,15 @@
-"""The driver side of the three calls: ``fit``, ``run`` and ``apply``. Each checks its arguments
-before any Spark job, makes its kind of job (fit_job.FitJob, job.RunJob, job.ApplyJob) and runs its
-barrier stage (stage.run)."""
+"""The calls that run a barrier stage, each a face over its room: ``fit`` (fitting/front.py, its gradients'
+exchange tfbarrier.exchange), ``run`` and ``apply`` (spark/functions.py)."""
 
-import functools
-import random
 import time
 
-from . import (checks, cluster, fit_job, gpus, job_tls, memory, native_model, parquet_source, settings, stage,
-               tracking, transfer)
-from .environment import PythonEnv
-from .errors import InvalidArgumentError
-from .layouts import layout as features_layout
-from .fit_job import VALIDATION_COLUMN, FitJob
-from .job import ApplyJob, RunJob, pickle_user_code
-from .results import FitResult
-from .communication import RING
-from .settings import STALL_TIMEOUT
-
-PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
-# Data sources the tasks read themselves, tried in order: each plan(frame, partitions, layout, num_workers)
-# returns None, or a source with a ``profile`` (checks.check_profile's) and ``batches(index, columns)``.
-DIRECT_SOURCES = (parquet_source.plan,)
+from tfbarrier import checks, tracking
+from tfbarrier.fitting import front
+from tfbarrier.results import FitResult
+from tfbarrier.settings import STALL_TIMEOUT
+from tfbarrier.spark import functions, preflight, transfer
 
 __all__ = ["FitResult", "apply", "fit", "run"]
-
-
-def _training_frame(data, layout, num_workers, input_shape, validation_data=None):
-    """(the DataFrame of the barrier stage, the direct source its tasks read (DIRECT_SOURCES) or None), once the
-    data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
-    its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
-    pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
-    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, in one
-    shuffle (_with_validation_rows)."""
-    frame = data.select(*layout.projection(data.sparkSession))
-    partitions = cluster.num_partitions(frame)
-    source = None if validation_data is not None else _direct_source(frame, partitions, layout, num_workers)
-    profile = source.profile if source else checks.profile(frame, layout)
-    checks.check_profile(profile, layout, num_workers, input_shape)
-    if source:
-        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
-    keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
-    if validation_data is not None:
-        return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None
-    return (frame if keep else frame.repartition(num_workers)), None
-
-
-def _direct_source(frame, partitions, layout, num_workers):
-    """The first of DIRECT_SOURCES that can read ``frame`` without Spark, else None."""
-    return next((source for source in (plan(frame, partitions, layout, num_workers) for plan in DIRECT_SOURCES)
-                 if source is not None), None)
-
-
-def _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape):
-    """The training rows and validation_data's in one DataFrame of ``num_workers`` partitions (one
-    shuffle). Each side keeps its own partitioning when it has ``num_workers`` partitions (the
-    training data's ``keep``; validation_data's may be empty or uneven: every worker validates
-    however few rows it has); otherwise each of its partitions is dealt round-robin to the workers."""
-    from pyspark.sql import functions as F
-
-    held = validation_data.select(*layout.projection(validation_data.sparkSession))
-    held = held.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
-    checks.check_profile(checks.profile(held, layout), layout, 1, input_shape, what="validation_data")
-    keys = cluster.partition_keys(frame.sparkSession, num_workers)
-    placed = [cluster.with_partition_key(part, PARTITION_KEY, keys, kept).withColumn(VALIDATION_COLUMN, F.lit(flag))
-              for part, kept, flag in ((frame, keep, False),
-                                       (held, cluster.num_partitions(held) == num_workers, True))]
-    return placed[0].unionByName(placed[1]).repartition(num_workers, PARTITION_KEY).drop(PARTITION_KEY)
-
-
-def _python_env(spark, env):
-    """Check ``env`` and ship an archive environment to the executors."""
-    if env is None:
-        return None
-    if not isinstance(env, PythonEnv):
-        raise InvalidArgumentError(f"env must be a tfbarrier.PythonEnv or None, got {type(env).__name__}")
-    if env.archive:
-        cluster.add_archive(spark, env.archive)
-    return env
-
-
-def _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads=None, over_ring=None):
-    """What every job asks of the cluster before its stage, as the Job fields every kind shares: its Python environment
-    (an archive is shipped), the GPU plan, encryption (refused unless allowed where workers talk through TensorFlow's
-    server: all but a fit ``over_ring(GPUs per worker)``), the executors' Python and ``num_workers`` free slots.
-    Returns (those fields, GPUs per worker, over the ring)."""
-    tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
-    env = _python_env(spark, env)
-    gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
-    ring = bool(over_ring and over_ring(gpus_per_worker))
-    tls = job_tls.for_job(spark, allow_unencrypted, tensorflow_server=not ring)
-    cluster.check_executor_python(spark)
-    cluster.check_barrier_capacity(spark, num_workers)
-    basics = {"env": env, "gpus": gpu_plan, "spare_idle_timeout": cluster.spare_idle_timeout(spark),
-              "started_at": started, "tf_threads": tf_threads, "tls": tls}
-    return basics, gpus_per_worker, ring
-
-
-def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer, steps_per_execution,
-                     communication, stall_timeout, tensorboard_dir, class_weight):
-    """fit's plain training arguments, checked, as FitJob fields."""
-    seed = None if seed is None else int(seed)
-    return {"epochs": checks.positive_int("epochs", epochs), "batch_size": checks.positive_int("batch_size", batch_size),
-            "steps_per_epoch": checks.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True),
-            "seed": seed, "data_seed": random.randrange(2**31) if seed is None else seed,  # the same on every attempt
-            "shuffle": bool(shuffle), "shuffle_buffer": checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True),
-            "steps_per_execution": checks.steps_per_execution(steps_per_execution),
-            "communication": checks.communication(communication),
-            "stall_timeout": checks.positive_seconds("stall_timeout", stall_timeout),
-            "tensorboard_dir": checks.directory("tensorboard_dir", tensorboard_dir),
-            "class_weight": checks.class_weights(class_weight)}
-
-
-def _validation_and_saving(validation_data, validation_split, validation_freq, features, label, sample_weight,
-                           save_to, save_best, save_mode):
-    """(validation_data checked, fit's validation and saving arguments checked, as FitJob fields)."""
-    validation_data, validation_split, validation_freq = checks.validation_arguments(
-        validation_data, validation_split, validation_freq, features, label, sample_weight)
-    save_to, save_best, save_mode = checks.save_arguments(
-        save_to, save_best, save_mode, fit_job.validates(validation_data is not None, validation_split))
-    return validation_data, {"has_validation_column": validation_data is not None,
-                             "validation_split": validation_split, "validation_freq": validation_freq,
-                             "save_to": save_to, "save_best": save_best, "save_mode": save_mode}
-
-
-def _stage_arguments(verbose, max_retries=0, timeout=None):
-    """stage.run's arguments of a call, checked."""
-    return {"verbose": checks.verbosity(verbose), "max_retries": checks.non_negative_int("max_retries", max_retries),
-            "timeout": checks.positive_seconds("timeout", timeout)}
-
-
-def _spark_session(spark):
-    from pyspark.sql import SparkSession
-
-    spark = spark or SparkSession.getActiveSession()
-    if spark is None:
-        raise InvalidArgumentError("no active SparkSession: start one first or pass spark=")
-    return spark
 
 
 def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
@@ -143,11 +17,12 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
         sample_weight=None, class_weight=None, save_to=None, save_best=None, save_mode="auto",
-        steps_per_execution="auto", communication=None, checkpoint_every=None, mlflow=None, **unknown):
+        steps_per_execution="auto", exchange="auto", communication=None, checkpoint_every=None, mlflow=None,
+        **unknown):
     """Train a Keras model on a Spark DataFrame with ``num_workers`` Spark barrier tasks.
 
     Each task trains on its own partition of ``data`` in a TensorFlow process; gradients are averaged across
-    workers every step over tfbarrier's ring (MultiWorkerMirroredStrategy's with GPUs, "ring" or "nccl").
+    workers every step, over tfbarrier's ring by default (``exchange``).
 
     Parameters
     ----------
@@ -258,12 +133,20 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         run one step each and are timed, then every worker runs as many steps per call as last about half
         a second (at most 100, at most an epoch), or what the model was compiled with if that is not 1.
         None: as the model was compiled. ``FitResult.workers`` reports the count each worker ended with.
+    exchange : str
+        How the gradients travel between the workers (tfbarrier.exchange): "tfbarrier", tfbarrier's own ring,
+        which admits only the job's processes and is TLS where the cluster encrypts; "strategy",
+        MultiWorkerMirroredStrategy's collectives through TensorFlow's gRPC server, which accepts any client
+        and is never encrypted (a trusted network only; workers of several GPUs each); "auto" (default):
+        the ring, or the strategy for workers of several GPUs each where traffic need not be encrypted.
     communication : dict, optional
-        ``implementation``: "auto" (tfbarrier's ring; the strategy for several GPUs per worker), "tfbarrier" (the
-        ring), "ring" or "nccl" (MultiWorkerMirroredStrategy's collectives); ``bytes_per_pack`` (all-reduces of
-        about this size; 0: one of every gradient), ``timeout_seconds``; ``compression`` "fp16" all-reduces the
-        gradients in float16 (half the bytes; about three significant digits, float16's range), "none"
-        (default) in float32. Default: packs of 16 MB, no compression. ``FitResult.workers`` reports it.
+        The exchange's options: ``bytes_per_pack`` (gradients travel in packs of about this size; 0: one of
+        every gradient), ``compression`` "fp16" (the gradients summed in float16: half the bytes, about three
+        significant digits, float16's range) or "none" (default), ``timeout_seconds``; the strategy's
+        ``implementation`` too ("auto", "ring" or "nccl": its CommunicationImplementation). Default: packs of
+        16 MB, no compression. ``FitResult.workers`` reports what each worker's gradients took. Before
+        ``exchange=``, ``{"implementation": "tfbarrier"}`` asked for the ring and ``"ring"`` / ``"nccl"`` alone
+        for the strategy: those still work, with a FutureWarning, until the next release.
     mlflow : bool, str or mlflow.ActiveRun, optional
         Log the fit to MLflow (``pip install tfbarrier[mlflow]``), from the driver: True logs to the active
         run, else to a new run in the current experiment; a string names the experiment of a new run (a
@@ -278,71 +161,15 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
     -------
     FitResult
     """
-    started = time.time()
+    arguments, started = dict(locals()), time.time()  # fit's arguments, as front.prepare takes them by name
     checks.no_unknown_arguments("fit", unknown, fit)
+    for name in ("unknown", "verbose", "max_retries", "timeout", "mlflow"):
+        del arguments[name]
     tracked = tracking.resolve(mlflow)
-    data = checks.spark_dataframe(data)
-    num_workers = checks.positive_int("num_workers", num_workers)
-    staging = _stage_arguments(verbose, max_retries, timeout)
-    training = _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer,
-                                steps_per_execution, communication, stall_timeout, tensorboard_dir, class_weight)
-    layout = features_layout(data.schema, features, label, weight=sample_weight)
-    validation_data, held_out_and_saved = _validation_and_saving(
-        validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
+    staging = preflight.stage_arguments(verbose, max_retries, timeout)
     with transfer.JobFiles() as files:
-        spark = data.sparkSession
-        spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
-                                         named=layout.named)
-        if getattr(spec, "native", False):
-            _native_options(communication, class_weight if layout.outputs else None)
-        over_ring = functools.partial(_over_ring, spec, training["communication"], spark, allow_unencrypted)
-        callbacks = checks.callbacks_function(callbacks)
-        checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
-        checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
-        basics, gpus_per_worker, ring = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started,
-                                                    tf_threads, over_ring)
-        gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker, ring)
-        memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers, ring)
-        frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
-        job = FitJob(model=spec, layout=layout, source=source,
-                     callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
-                     checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), ring=ring,
-                     **training, **held_out_and_saved, **basics)
-        return _run_fit(frame, job, model, files, num_workers, staging, tracked)
-
-
-def _over_ring(spec, communication, spark, allow_unencrypted, gpus_per_worker):
-    """Whether a fit trains over tfbarrier's authenticated ring rather than MultiWorkerMirroredStrategy: a native
-    Keras 3 model always; a tf_keras one with ``implementation`` "tfbarrier", or "auto" (the default) unless its
-    workers have several GPUs each (local replicas) where traffic need not be encrypted."""
-    implementation = (communication or {}).get("implementation", "auto")
-    if getattr(spec, "native", False) or implementation == RING:
-        return True
-    encrypted = job_tls.required(spark) and not allow_unencrypted
-    return implementation == "auto" and (encrypted or gpus_per_worker <= 1)
-
-
-def _native_options(communication, class_weight_of_outputs):
-    """Refuse what a Keras 3 model that trains natively cannot have yet."""
-    native_model.check_options(
-        **{"communication['implementation']": ((communication or {}).get("implementation", "auto") not in ("auto", RING),
-                                                 "leave it out: the gradients travel over tfbarrier's ring"),
-           "class_weight with a label per output": (class_weight_of_outputs, "give a sample_weight column instead")})
-
-
-def _run_fit(frame, job, model, files, num_workers, staging, tracked):
-    """Run the fit's stage (tracked in MLflow when ``tracked``) and make its FitResult."""
-    submitted, spark = time.time(), frame.sparkSession
-    params = tracking.fit_params(job, num_workers=num_workers, max_retries=staging["max_retries"],
-                                 timeout=staging["timeout"], spark_master=cluster.master(spark)) if tracked else None
-    with tracking.fit_run(tracked, params, model, job.batch_size) as run:
-        results, attempts, events = stage.run(frame, job, num_workers, files, global_batch=job.batch_size,
-                                              on_progress=run.on_progress, **staging)
-        trained = job.model.trained_model(model, job.decode(results, files))
-        result = FitResult.from_workers(trained, results, attempts, events, job.started_at, submitted, time.time())
-        run.log_result(result)
-    result.mlflow_run_id = run.run_id
-    return result
+        frame, job = front.prepare(files, started, **arguments)
+        return front.train(frame, job, model, files, checks.positive_int("num_workers", num_workers), staging, tracked)
 
 
 def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,
@@ -353,23 +180,9 @@ def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads
     tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``verbose=2`` shows
     every worker's printed lines on the driver as they come. ``timeout``, ``allow_unencrypted``,
     ``use_gpu`` and ``env`` are as in ``fit``."""
-    started = time.time()
     checks.no_unknown_arguments("run", unknown, run)
-    if not callable(train_fn):
-        raise InvalidArgumentError(f"train_fn must be a function, got {type(train_fn).__name__}")
-    num_workers = checks.positive_int("num_workers", num_workers)
-    staging = _stage_arguments(verbose, timeout=timeout)
-    try:
-        function = pickle_user_code((train_fn, tuple(args), dict(kwargs or {})), train_fn)
-    except Exception as exc:
-        raise InvalidArgumentError(f"train_fn and its arguments cannot be pickled: {exc}") from exc
-    spark = _spark_session(spark)
-    basics, *_ = _job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_threads)
-    with transfer.JobFiles() as files:
-        job = RunJob(function=files.add_bytes("function.pkl", function), **basics)
-        frame = spark.range(0, num_workers, numPartitions=num_workers)
-        results, _, _ = stage.run(frame, job, num_workers, files, **staging)
-        return job.decode(results, files)
+    return functions.run(train_fn, num_workers=num_workers, args=args, kwargs=kwargs, spark=spark, tf_threads=tf_threads,
+                         timeout=timeout, allow_unencrypted=allow_unencrypted, use_gpu=use_gpu, env=env, verbose=verbose)
 
 
 def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
@@ -381,20 +194,6 @@ def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencryp
     ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
     the result's columns. ``verbose``, ``timeout``, ``allow_unencrypted``, ``use_gpu`` and ``env`` are
     as in ``run``. This is what R's ``spark_tf_apply()`` runs an R closure through."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    started = time.time()
     checks.no_unknown_arguments("apply", unknown, apply)
-    data = checks.spark_dataframe(data)
-    if not callable(fn):
-        raise InvalidArgumentError(f"fn must be a function of (partition, barrier), got {type(fn).__name__}")
-    num_workers = checks.positive_int("num_workers", num_workers)
-    staging = _stage_arguments(verbose, timeout=timeout)
-    output_schema = checks.output_schema(columns)
-    basics, *_ = _job_basics(data.sparkSession, env, use_gpu, num_workers, allow_unencrypted, started)
-    frame = data if cluster.num_partitions(data) == num_workers else data.repartition(num_workers)
-    with transfer.JobFiles() as files:
-        job = ApplyJob(function=files.add_bytes("function.pkl", pickle_user_code(fn, fn)),
-                       input_schema=to_arrow_schema(data.schema), output_schema=output_schema, **basics)
-        results, _, _ = stage.run(frame, job, num_workers, files, **staging)
-        return job.decode(results, files)
+    return functions.apply(data, fn, num_workers=num_workers, columns=columns, timeout=timeout,
+                           allow_unencrypted=allow_unencrypted, use_gpu=use_gpu, env=env, verbose=verbose)

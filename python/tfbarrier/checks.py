@@ -8,10 +8,12 @@ import inspect
 import numbers
 import os
 
-from .communication import COMPRESSIONS, IMPLEMENTATIONS
-from .errors import ColumnError, InvalidArgumentError
-from .layouts import layout as features_layout
-from .job import pickle_user_code
+from tfbarrier.data.layouts import layout as features_layout
+from tfbarrier.errors import ColumnError, InvalidArgumentError
+from tfbarrier.exchange import OLD_RING_SPELLING
+from tfbarrier.exchange.base import COMPRESSIONS
+from tfbarrier.exchange.strategy import IMPLEMENTATIONS
+from tfbarrier.spark.job import pickle_user_code
 
 
 def no_unknown_arguments(function_name, unknown, function):
@@ -167,26 +169,26 @@ def validation_arguments(validation_data, validation_split, validation_freq, fea
     return validation_data, validation_split, positive_int("validation_freq", validation_freq)
 
 
-COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one all-reduce)",
-                      "timeout_seconds": "seconds, > 0", "implementation": "'auto', 'tfbarrier', 'ring' or 'nccl'",
-                      "compression": " or ".join(map(repr, COMPRESSIONS))}
+COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one pack)",
+                      "timeout_seconds": "seconds, > 0", "compression": " or ".join(map(repr, COMPRESSIONS)),
+                      "implementation": "the strategy's 'auto', 'ring' or 'nccl'"}
 
 
 def communication(options):
-    """fit's ``communication``: a dict of tf.distribute.experimental.CommunicationOptions' arguments, and
-    the gradients' ``compression`` (communication.py)."""
+    """fit's ``communication``: the exchange's options (tfbarrier.exchange), each checked here; which ones
+    the chosen exchange takes, it checks itself. ``implementation`` may still be the ring's old spelling
+    ("tfbarrier"), which tfbarrier.exchange.requested turns into ``exchange=``."""
     if options is None:
         return None
     if not isinstance(options, dict) or set(options) - set(COMMUNICATION_KEYS):
         takes = "; ".join(f"{k}: {v}" for k, v in COMMUNICATION_KEYS.items())
-        raise InvalidArgumentError(f"communication must be a dict of CommunicationOptions' arguments ({takes}), "
-                                   f"got {options!r}")
+        raise InvalidArgumentError(f"communication must be a dict of the exchange's options ({takes}), got {options!r}")
     options = dict(options)
     if "bytes_per_pack" in options:
         options["bytes_per_pack"] = non_negative_int("communication['bytes_per_pack']", options["bytes_per_pack"])
     if "timeout_seconds" in options:
         options["timeout_seconds"] = positive_seconds("communication['timeout_seconds']", options["timeout_seconds"])
-    if options.get("implementation", "auto") not in IMPLEMENTATIONS:
+    if options.get("implementation", "auto") not in (*IMPLEMENTATIONS, OLD_RING_SPELLING):
         raise InvalidArgumentError(f"communication['implementation'] must be {COMMUNICATION_KEYS['implementation']}, "
                                    f"got {options['implementation']!r}")
     if options.get("compression", "none") not in COMPRESSIONS:
@@ -223,7 +225,7 @@ def checkpoint_every(value, checkpoint_dir):
 
 def save_arguments(save_to, save_best, save_mode, validates):
     """(save_to as a directory, save_best, its mode "min"/"max") for fit's saved models."""
-    from .ranking import best_mode
+    from tfbarrier.ranking import best_mode
 
     best_mode("", save_mode)  # a bad save_mode is refused even without save_best
     if save_to is None:

@@ -41,6 +41,16 @@ class JobTimeoutError(TfBarrierError, TimeoutError):
 FitTimeoutError = JobTimeoutError  # the name before run() and apply() had timeouts too
 
 
+class ReplicasDivergedError(TfBarrierError, RuntimeError):
+    """The workers of a fit ended with different weights (their checksums differ), so no one model is the
+    trained one: a weight updated outside ``model.optimizer``, a callback that changed one worker's weights,
+    or ops that differ from worker to worker. ``checksums`` holds each worker's."""
+
+    def __init__(self, message, checksums=None):
+        super().__init__(message)
+        self.checksums = checksums
+
+
 class TrialsFailedError(TfBarrierError, RuntimeError):
     """Every trial of tune() failed (or none reported the metric); ``trials`` is the table of them,
     each with its error."""
@@ -63,6 +73,16 @@ class WorkerError(TfBarrierError, RuntimeError):
         self.exc_type = exc_type
         self.log = log
         self.retryable = retryable
+
+
+class PeerLostError(WorkerError):
+    """A training process's exchange lost a peer (it went silent, closed its connection, or stopped reading):
+    a consequence of that peer's failure, which the driver traces to its cause (faults.LOST_CONTACT_TYPES),
+    as it does TensorFlow's own errors of a lost peer. Retryable."""
+
+    def __init__(self, message, **fields):
+        fields["retryable"] = True
+        super().__init__(message, **fields)
 
 
 class WorkerStalledError(WorkerError):

@@ -14,10 +14,10 @@ import errno
 import re
 import signal
 
-from . import errors
-from .errors import (ClusterError, DriverUnreachableError, PortClashError, TfBarrierError, WorkerError,
-                     WorkerLostError)
-from .settings import PORT_CLASH_ATTEMPTS
+from tfbarrier import errors
+from tfbarrier.errors import (ClusterError, DriverUnreachableError, PortClashError, TfBarrierError, WorkerError,
+                              WorkerLostError)
+from tfbarrier.settings import PORT_CLASH_ATTEMPTS
 
 # ---- the training process's exit codes ----------------------------------------------------------------
 EXIT_OK = 0
@@ -31,7 +31,8 @@ PORT_CLASH_SIGNS = ("Could not start gRPC server", "Address already in use")
 # TensorFlow's errors for an op that lost contact with a peer (a collective, or the coordination
 # service's heartbeat): what the workers that remain see when another worker or its host is lost. A
 # model or its data never raises these.
-LOST_CONTACT_TYPES = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError")
+LOST_CONTACT_TYPES = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError",
+                      "PeerLostError")  # the last: an exchange of tfbarrier's own (errors.PeerLostError)
 
 # Spark's failure text for a job whose executor went away.
 LOST_EXECUTOR_SIGNS = ("ExecutorLostFailure", "Executor lost", "executor lost")

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ColumnError, InvalidArgumentError
+from tfbarrier.errors import ColumnError, InvalidArgumentError
 
 
 def _arrow_column(name, values):

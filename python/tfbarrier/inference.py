@@ -12,14 +12,16 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from . import checks, cluster, native_model
-from .errors import ColumnError, InvalidArgumentError, ModelError
-from .features import check_width
-from .layouts import layout as features_layout
-from .model_spec import keras_flavor, keras_module
-from .results import FitResult
-from .scoring_models import load, scoring_model
-from .stored_forms import stored_form
+from tfbarrier import checks
+from tfbarrier.data.features import check_width
+from tfbarrier.data.layouts import layout as features_layout
+from tfbarrier.data.stored_forms import stored_form
+from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
+from tfbarrier.models import native_model
+from tfbarrier.models.model_spec import keras_flavor, keras_module
+from tfbarrier.models.scoring_models import load, scoring_model
+from tfbarrier.results import FitResult
+from tfbarrier.spark import cluster
 
 OUTPUTS = ("class", "probabilities", "raw", "features")
 
@@ -211,7 +213,7 @@ def _batch_outputs(model, layout, batch, input_shape, batch_size, offset):
                           "filter out the broken images first") from None
 
 
-def _column(values, output):
+def output_column(values, output):
     """Scores as an Arrow array: class ids (int64), else a list of float32 per row."""
     if output == "class":
         return pa.array(values.astype(np.int64))
@@ -232,7 +234,7 @@ def _scorer(scoring, layout, input_shape, output, heads, batch_size):
                 model = load(scoring)
             raw = _batch_outputs(model, layout, batch, input_shape, batch_size, offset)
             offset += len(batch)
-            columns = [_column(_outputs(raw[i], output, transform), output) for i, transform in heads.values()]
+            columns = [output_column(_outputs(raw[i], output, transform), output) for i, transform in heads.values()]
             yield columns[0] if len(heads) == 1 else pa.StructArray.from_arrays(columns, list(heads))
 
     return score
@@ -255,7 +257,7 @@ def _heads(model, output_col, output, taken):
     return {column: (i, _output_transform(head_model(model, i), output)) for column, i in columns.items()}
 
 
-def _scoring_udf(score, return_type):
+def scoring_udf(score, return_type):
     """``score`` as a Spark UDF of the features' struct column: an iterator Arrow UDF (pyspark 4.1 and
     later), else an iterator pandas UDF whose frames become Arrow record batches (pyspark 3.5 and 4.0)."""
     try:
@@ -325,7 +327,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
 
     score = _scorer(scoring_model(data.sparkSession, model), layout, input_shape, output, heads, batch_size)
     kind = "long" if output == "class" else "array<float>"
-    udf = _scoring_udf(score, kind if len(heads) == 1 else ", ".join(f"`{c}`: {kind}" for c in heads).join(("struct<", ">")))
+    udf = scoring_udf(score, kind if len(heads) == 1 else ", ".join(f"`{c}`: {kind}" for c in heads).join(("struct<", ">")))
     features_struct = F.struct(*layout.feature_projection(data.sparkSession))
     if len(heads) == 1:
         return data.withColumn(next(iter(heads)), udf(features_struct))

@@ -25,11 +25,11 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol, HasSeed, HasWeightCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from . import cluster
-from .api import fit as tfbarrier_fit
-from .errors import InvalidArgumentError
-from .inference import predict as tfbarrier_predict
-from .model_spec import keras_flavor, keras_module
+from tfbarrier.api import fit as tfbarrier_fit
+from tfbarrier.errors import InvalidArgumentError
+from tfbarrier.inference import predict as tfbarrier_predict
+from tfbarrier.models.model_spec import keras_flavor, keras_module
+from tfbarrier.spark import cluster
 
 __all__ = ["KerasEstimator", "KerasModel"]
 

@@ -1,7 +1,7 @@
 """Which value of a metric is the better one: the mode of ``save_best`` (saving.py) and of tune's ranking
 (tuning.py). Plain Python: the driver's checks use it too."""
 
-from .errors import InvalidArgumentError
+from tfbarrier.errors import InvalidArgumentError
 
 HIGHER_IS_BETTER = ("acc", "auc", "precision", "recall")  # in a metric's name: "auto" mode maximises it
 

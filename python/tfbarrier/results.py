@@ -3,7 +3,6 @@
 
 import dataclasses
 
-
 # Every key of a fit's ``timings``, in seconds: where it is measured, what it covers.
 TIMINGS = {
     "prepare": "driver: from the call to submitting the stage (the checks, the data's profile included)",
@@ -175,7 +174,7 @@ class FitResult:
         """Write the trained model to ``path``, a ``.keras`` archive (architecture, weights, compile
         settings) that the model's own Keras loads: ``keras.saving.load_model`` (Keras 3), or
         ``tf_keras.models.load_model`` for a model function's. Returns ``path``."""
-        from .errors import InvalidArgumentError
+        from tfbarrier.errors import InvalidArgumentError
 
         if not str(path).endswith(".keras"):
             raise InvalidArgumentError(f"save() writes a .keras archive, so the path must end in .keras, got {path!r}; "

@@ -17,11 +17,12 @@ import os
 import random
 import time
 
-from . import checks, cluster, tracking
-from .errors import InvalidArgumentError, TrialsFailedError
-from .fit_job import validates
-from .progress import SearchBar
-from .ranking import best_mode, better
+from tfbarrier import checks, tracking
+from tfbarrier.errors import InvalidArgumentError, TrialsFailedError
+from tfbarrier.fitting.job import validates
+from tfbarrier.progress import SearchBar
+from tfbarrier.ranking import best_mode, better
+from tfbarrier.spark import cluster
 
 STATUS_OK, STATUS_FAILED = "ok", "failed"
 TIME_COLUMNS = ("started_at", "finished_at", "training_started_at", "training_finished_at")
@@ -337,7 +338,7 @@ def tune(data, build_model, params, *, features, label, validation_data=None, va
     TuneResult
         Raises TrialsFailedError when every trial failed.
     """
-    from .api import fit
+    from tfbarrier.api import fit
 
     tracked = tracking.resolve(mlflow)
     fit_kwargs.update(features=features, label=label, validation_data=validation_data,

@@ -97,9 +97,9 @@ def _is_spare(pid):
         return False
 
 
-def training_processes(spares=False, tag=None, module="tfbarrier.training_process"):
+def training_processes(spares=False, tag=None, module="tfbarrier.spark.training_process"):
     """PIDs of this test session's (or the session ``tag``'s) live training processes; idle spares
-    (spares.py) only if asked. ``module="tfbarrier.spares"``: the spares' keepers."""
+    (spares.py) only if asked. ``module="tfbarrier.spark.spares"``: the spares' keepers."""
     import psutil
 
     found = []
@@ -236,8 +236,8 @@ def digits_cnn():
 
 def worker_model(model):
     """The tf_keras model a training process rebuilds from ``model``: same weights, same compile."""
-    from tfbarrier.model_spec import ModelSpec
-    from tfbarrier.transfer import JobFiles
+    from tfbarrier.models.model_spec import ModelSpec
+    from tfbarrier.spark.transfer import JobFiles
 
     with JobFiles() as files:
         return ModelSpec.from_model(model, files).build(files.directory)

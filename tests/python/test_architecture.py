@@ -1,26 +1,55 @@
-"""ARCHITECTURE.md stays true: its modules table lists every module of python/tfbarrier/, and nothing
-else."""
+"""ARCHITECTURE.md stays true and the house stays easy to see: its tables list every room (sub-package) and
+every module of python/tfbarrier/, and nothing else; no function is over 50 code lines and no module over 400;
+no module reaches another module's private names; and no import circle anywhere, bench included."""
 
+import ast
 import os
 import re
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+PACKAGE = os.path.join(ROOT, "python", "tfbarrier")
 
 
-def test_the_modules_table_lists_every_module_and_no_other():
+def _architecture():
     with open(os.path.join(ROOT, "ARCHITECTURE.md")) as f:
-        text = f.read()
-    table = text[text.index("## Modules"):text.index("## Where a new thing goes")]
-    listed = set(re.findall(r"`(\w+)\.py`", table))
-    modules = {name[:-3] for name in os.listdir(os.path.join(ROOT, "python", "tfbarrier"))
-               if name.endswith(".py") and name != "__init__.py"}
+        return f.read()
+
+
+def _python_files(folder):
+    """Every .py file under ``folder``, as paths relative to it ("spark/stage.py")."""
+    found = []
+    for directory, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        found += [os.path.relpath(os.path.join(directory, name), folder) for name in sorted(filenames)
+                  if name.endswith(".py")]
+    return found
+
+
+def test_the_tables_list_every_room_and_module_and_no_other():
+    text = _architecture()
+    table = text[text.index("## Rooms"):text.index("## Where a new thing goes")]
+    first_cells = re.findall(r"^\| ([^|]+) \|", table, re.M)  # a row's modules are in its first cell
+    listed = {name for cell in first_cells for name in re.findall(r"`((?:\w+/)?\w+\.py)`", cell)}
+    modules = {path for path in _python_files(PACKAGE) if not path.endswith("__init__.py") or _holds_code(path)}
     assert sorted(modules - listed) == [], "modules missing from ARCHITECTURE.md"
     assert sorted(listed - modules) == [], "ARCHITECTURE.md lists modules that do not exist"
+    rooms = {path.split("/")[0] for path in modules if "/" in path}
+    assert rooms == set(re.findall(r"^### `(\w+)/`", table, re.M)), "a room without its heading, or the reverse"
+    assert len(rooms) >= 2
 
 
-MAX_FUNCTION_LINES, MAX_MODULE_LINES = 50, 400
-SOURCES = [os.path.join(ROOT, folder, name) for folder in ("python/tfbarrier", "bench")
-           for name in sorted(os.listdir(os.path.join(ROOT, folder))) if name.endswith(".py")]
+def _holds_code(path):
+    """Whether a room's ``__init__.py`` holds more than its docstring (the package's own has the calls)."""
+    if "/" not in path:
+        return False
+    with open(os.path.join(PACKAGE, path)) as f:
+        body = ast.parse(f.read()).body
+    return len(body) > (1 if body and isinstance(body[0], ast.Expr) else 0)
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES, MAX_API_LINES = 50, 400, 200
+SOURCES = [os.path.join(ROOT, folder, path) for folder in ("python/tfbarrier", "bench")
+           for path in _python_files(os.path.join(ROOT, folder))]
 
 
 def _code_lines(lines, node, docstrings):
@@ -30,9 +59,7 @@ def _code_lines(lines, node, docstrings):
                and not lines[number - 1].strip().startswith("#"))
 
 
-def test_no_function_is_over_50_code_lines_and_no_module_over_400_lines():
-    import ast
-
+def test_no_function_is_over_50_code_lines_and_no_module_over_400_lines_and_the_api_a_thin_face():
     long_functions, long_modules = [], []
     for path in SOURCES:
         with open(path) as f:
@@ -53,3 +80,75 @@ def test_no_function_is_over_50_code_lines_and_no_module_over_400_lines():
                     long_functions.append((f"{os.path.relpath(path, ROOT)}:{node.name}", count))
     assert long_functions == [], "functions over 50 code lines: split them"
     assert long_modules == [], "modules over 400 lines: split them by concern"
+    with open(os.path.join(PACKAGE, "api.py")) as f:
+        assert len(f.read().splitlines()) <= MAX_API_LINES, "api.py is the calls' face: their rooms do the work"
+
+
+def _module_name(path):
+    """tfbarrier's dotted name of a file of python/tfbarrier, or a bench script's own name."""
+    relative = os.path.relpath(path, ROOT)
+    if relative.startswith("python/"):
+        name = relative[len("python/"):-3].replace("/", ".")
+        return name[:-len(".__init__")] if name.endswith(".__init__") else name
+    return os.path.basename(path)[:-3]
+
+
+def _imports(path, name):
+    """The modules ``path`` imports (at any depth: a function's import too), as dotted names."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_no_import_circle_anywhere_bench_included():
+    modules = {_module_name(path): path for path in SOURCES}
+    graph = {name: {imported for imported in _imports(path, name) if imported in modules and imported != name}
+             for name, path in modules.items()}
+    circles, state = [], {}
+
+    def visit(name, trail):
+        state[name] = "open"
+        for imported in sorted(graph[name]):
+            if state.get(imported) == "open":
+                circles.append(trail[trail.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported, trail + [imported])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert circles == [], "import circles"
+
+
+def test_no_module_uses_another_modules_private_names():
+    reached = []
+    for path in SOURCES:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        aliases = {alias.asname or alias.name.split(".")[-1] for node in ast.walk(tree)
+                   if isinstance(node, (ast.Import, ast.ImportFrom))
+                   and ((getattr(node, "module", None) or "").startswith("tfbarrier") or isinstance(node, ast.Import))
+                   for alias in node.names if (alias.name.startswith("tfbarrier") or isinstance(node, ast.ImportFrom))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tfbarrier"):
+                reached += [f"{path}: from {node.module} import {a.name}" for a in node.names if _private(a.name)]
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                  and _private(node.attr)):
+                reached.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert reached == [], "private names used from another module: make them public, or move the code"
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")

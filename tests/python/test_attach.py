@@ -15,7 +15,7 @@ import pytest
 from conftest import left_behind
 from support.standalone import StandaloneCluster
 
-from tfbarrier.attachment import check_versions
+from tfbarrier.spark.attachment import check_versions
 from tfbarrier.errors import ClusterError
 
 HERE = os.path.dirname(os.path.abspath(__file__))

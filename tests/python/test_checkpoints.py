@@ -45,15 +45,17 @@ def assert_same_training(result, uninterrupted):
         np.testing.assert_allclose(trained, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("communication", [None, {"implementation": "ring"}], ids=["ring", "strategy"])
+@pytest.mark.parametrize("exchange", ["tfbarrier", "strategy"])
 def test_a_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninterrupted(digits_df, uninterrupted, tmp_path,
-                                                                                 communication):
+                                                                                 exchange):
     # tfbarrier's ring by default; MultiWorkerMirroredStrategy with TensorFlow's RING collective
-    if communication is not None:
-        uninterrupted = fit(digits_df, communication=communication)
+    communication = {"implementation": "ring"} if exchange == "strategy" else None
+    if exchange == "strategy":
+        uninterrupted = fit(digits_df, exchange=exchange, communication=communication)
     steps = uninterrupted.workers[0]["steps_per_epoch"]
     result = fit(digits_df, checkpoint_dir=str(tmp_path), checkpoint_every=1, max_retries=1,
-                 callbacks=faults.kill_after_step(worker=1, epoch=1, step=5), communication=communication)
+                 callbacks=faults.kill_after_step(worker=1, epoch=1, step=5), exchange=exchange,
+                 communication=communication)
     first, second = result.attempts
     assert "killed by signal SIGKILL" in first["error"]
     assert second["resumed_at"] == {"epoch": 1, "step": 6, "steps_done": steps + 6}

@@ -38,7 +38,7 @@ def fit(df, model=None, **overrides):
     ({"num_workers": 3, "batch_size": 6}, ClusterError, "needs 3 task slots at once, but the cluster has 2"),
     ({"communication": {"compression": "int8"}}, InvalidArgumentError,
      "communication\\['compression'\\] must be 'none' or 'fp16' .gradients all-reduced in float16., got 'int8'"),
-    ({"communication": {"pack": 1}}, InvalidArgumentError, "communication must be a dict of CommunicationOptions'"),
+    ({"communication": {"pack": 1}}, InvalidArgumentError, "communication must be a dict of the exchange's options"),
 ])
 def test_bad_arguments_are_refused_with_the_fix(small_df, overrides, error, message):
     with pytest.raises(error, match=message.replace("(", r"\(")):
@@ -71,11 +71,12 @@ def test_a_bad_spare_idle_timeout_is_refused(spark, small_df, value):
 @pytest.mark.parametrize("value, tf_keras, options, message", [
     ("sometimes", False, {}, "spark.tfbarrier.encrypt must be 'auto' (encrypt when Spark does) or 'always', "
                              "got 'sometimes'"),
-    ("always", True, {"communication": {"implementation": "ring"}},
+    ("always", True, {"exchange": "strategy", "communication": {"implementation": "ring"}},
      "spark.tfbarrier.encrypt=always is on, but TensorFlow's gRPC traffic between the workers"),
-    ("always", True, {"communication": {"implementation": "nccl"}}, "spark.tfbarrier.encrypt=always is on"),
+    ("always", True, {"exchange": "strategy", "communication": {"implementation": "nccl"}},
+     "spark.tfbarrier.encrypt=always is on"),
     # allowed, or over tfbarrier's ring (the default there): what stops this empty frame's fit comes after
-    ("always", True, {"communication": {"implementation": "ring"}, "allow_unencrypted": True}, None),
+    ("always", True, {"exchange": "strategy", "allow_unencrypted": True}, None),
     ("always", True, {}, None),
 ])
 def test_encrypt_always_refuses_what_tensorflow_carries_in_the_clear_unless_allowed(spark, small_df, value, tf_keras,
@@ -91,7 +92,7 @@ def test_encrypt_always_refuses_what_tensorflow_carries_in_the_clear_unless_allo
         spark.conf.unset("spark.tfbarrier.encrypt")
     assert str(caught.value).startswith(message or "the DataFrame is empty"), caught.value
     if message and value == "always":
-        assert "Leave a fit's implementation at 'auto' or 'tfbarrier'" in str(caught.value)  # the fix
+        assert "Leave a fit's exchange at 'auto' or 'tfbarrier'" in str(caught.value)  # the fix
 
 
 def test_an_empty_dataframe_is_refused(small_df):
@@ -155,8 +156,8 @@ def test_a_model_of_two_inputs_fed_one_column_is_refused_naming_its_inputs(small
 def test_a_keras3_model_tf_keras_cannot_rebuild_takes_the_native_path_and_others_the_translated_one():
     import keras
 
-    from tfbarrier.native_model import spec_for_fit
-    from tfbarrier.transfer import JobFiles
+    from tfbarrier.models.native_model import spec_for_fit
+    from tfbarrier.spark.transfer import JobFiles
 
     class Doubling(keras.layers.Layer):
         def call(self, x):

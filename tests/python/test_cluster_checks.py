@@ -36,9 +36,9 @@ for name, (conf, extra) in json.loads(sys.argv[1]).items():
 ENCRYPTED = {"spark.network.crypto.enabled": "true", "spark.authenticate": "true", "spark.authenticate.secret": "s"}
 CASES = {
     "dynamic_allocation": ({"spark.dynamicAllocation.enabled": "true"}, {}),
-    "ssl": ({"spark.ssl.enabled": "true"}, {"tf_keras": True, "communication": {"implementation": "ring"}}),
+    "ssl": ({"spark.ssl.enabled": "true"}, {"tf_keras": True, "exchange": "strategy"}),
     "ssl_allowed": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "allow_unencrypted": True, "tf_keras": True,
-                                                    "communication": {"implementation": "ring"}}),
+                                                    "exchange": "strategy"}),
     "encrypted_keras3": (ENCRYPTED, {"epochs": 1}),
     "ssl_tf_keras": ({"spark.ssl.enabled": "true"}, {"epochs": 1, "tf_keras": True}),
 }
@@ -68,7 +68,7 @@ def test_a_tf_keras_model_trains_in_an_encrypted_cluster_over_the_ring_with_both
 
 
 def test_encryption_refusal_can_be_overridden(outcomes):
-    # the strategy's gRPC (implementation "ring") is not encrypted (allowed), the driver link is: Spark's
+    # the strategy's gRPC (exchange "strategy") is not encrypted (allowed), the driver link is: Spark's
     # encryption is on
     assert re.fullmatch(r'fitted \[\[null, "TLSv1\.3 TLS_\w+"\]\]', outcomes["ssl_allowed"]), outcomes["ssl_allowed"]
 

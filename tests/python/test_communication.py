@@ -13,7 +13,8 @@ def initial_values():
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier import communication, optimizers
+    from tfbarrier.exchange import strategy as communication
+    from tfbarrier.fitting import optimizers
 
     index = float(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -46,7 +47,7 @@ def test_a_gradient_larger_than_a_pack_is_all_reduced_in_pieces_of_a_pack_and_jo
     import numpy as np
     import tensorflow as tf
 
-    from tfbarrier.communication import in_pieces
+    from tfbarrier.exchange.strategy import in_pieces
 
     sent = []
 

@@ -5,9 +5,9 @@ import json
 import socket
 import time
 
-from tfbarrier import transfer
-from tfbarrier.driver_link import DriverLink, DriverServer, fetch
-from tfbarrier.job_tls import Credentials
+from tfbarrier.spark import transfer
+from tfbarrier.spark.driver_link import DriverLink, DriverServer, fetch
+from tfbarrier.exchange.tls import Credentials
 
 
 def wait_until(condition, seconds=5):

@@ -13,8 +13,8 @@ import pytest
 from conftest import digits_cnn
 
 import tfbarrier
-from tfbarrier import environment
-from tfbarrier.environment import PythonEnv
+from tfbarrier.spark import environment
+from tfbarrier.spark.environment import PythonEnv
 from tfbarrier.errors import EnvironmentBuildError
 
 

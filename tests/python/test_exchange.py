@@ -1,4 +1,4 @@
-"""exchange.py's ring: the sums, and who gets in. Each rank runs in a thread of this process with a real
+"""exchange/ring.py's ring: the sums (2 to 16 ranks), and who gets in. Each rank runs in a thread of this process with a real
 listening socket on 127.0.0.1 (no TensorFlow, no Spark)."""
 
 import socket
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tfbarrier.errors import WorkerError
-from tfbarrier.exchange import NONCE_BYTES, Ring
-from tfbarrier.job_tls import Credentials
+from tfbarrier.exchange.ring import NONCE_BYTES, Ring
+from tfbarrier.exchange.tls import Credentials
 
 SECRET = b"the job's secret"
 
@@ -71,7 +71,8 @@ def two_ranks_sum(socks, addresses, tls=None, timeout=10):
 
 
 @pytest.mark.parametrize("n, length, dtype", [(1, 5, "int64"), (2, 7, "int64"), (3, 2, "int64"), (4, 1001, "int64"),
-                                              (3, 50, "float32")])
+                                              (3, 50, "float32"), (8, 4099, "int64"), (16, 4099, "int64"),
+                                              (16, 9, "int64")])
 def test_the_ring_sums_every_ranks_array_on_every_rank(n, length, dtype):
     # arrays shorter than the ring leave some chunks empty; lengths not divisible by n make them uneven
     arrays = [np.random.default_rng(i).integers(-1000, 1000, size=(length,)).astype(dtype) for i in range(n)]

@@ -169,7 +169,7 @@ def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds
     # the first attempt's rendezvous): a real clash, through the exit code, PortClashError and its retry.
     # Under MultiWorkerMirroredStrategy (implementation "ring"): over tfbarrier's ring a process keeps the
     # port it reported listening, so none can be taken.
-    from tfbarrier import rendezvous
+    from tfbarrier.spark import rendezvous
 
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
@@ -187,7 +187,7 @@ def test_a_port_taken_before_tensorflow_binds_it_is_retried_and_the_fit_succeeds
 
     monkeypatch.setattr(rendezvous.DriverRendezvous, "answer", answer_with_a_taken_port)
     try:
-        result = fit(digits_df, epochs=1, verbose=0, communication={"implementation": "ring"})
+        result = fit(digits_df, epochs=1, verbose=0, exchange="strategy", communication={"implementation": "ring"})
     finally:
         held.close()
     first, second = result.attempts

@@ -69,6 +69,7 @@ def test_tensorflows_server_failing_to_bind_is_a_port_clash(text, clash):
     (worker_error("DeadlineExceededError"), True),
     (worker_error("AbortedError"), True),
     (worker_error("CancelledError"), True),
+    (worker_error("PeerLostError"), True),  # tfbarrier's ring lost a peer (errors.PeerLostError)
     # errors of the model or its data are causes, never consequences of a lost peer
     (worker_error("ValueError"), False),
     (worker_error("InvalidArgumentError"), False),
@@ -77,7 +78,7 @@ def test_tensorflows_server_failing_to_bind_is_a_port_clash(text, clash):
     (WorkerLostError.of(1, "host-b", "gone"), False),  # already the cause
     (ModelError("not compiled"), False),
 ])
-def test_only_tensorflows_errors_of_a_lost_peer_count_as_lost_contact(error, lost):
+def test_only_errors_of_a_lost_peer_count_as_lost_contact(error, lost):
     assert faults.lost_contact(error) is lost
 
 

@@ -1,11 +1,16 @@
 """fit() end to end on a real local[2] Spark with real TensorFlow."""
 
+import json
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
+import tf_keras
 from conftest import digits_cnn, held_out_accuracy, left_behind, partitioned
 
 import tfbarrier
+from tfbarrier.errors import ReplicasDivergedError
 from tfbarrier.results import TIMINGS
 
 
@@ -26,6 +31,22 @@ def two_worker_fit(digits_df, input_model):
 def test_two_workers_learn_digits_to_90_percent_held_out_over_tfbarriers_ring(two_worker_fit, digits):
     assert held_out_accuracy(two_worker_fit.model, digits[1]) >= 0.90
     assert all(w["communication"]["implementation"].startswith("tfbarrier ring") for w in two_worker_fit.workers)
+
+
+class NudgeWorker1(tf_keras.callbacks.Callback):
+    """At the end of training, worker 1 moves one of its weights: its replica is no longer worker 0's."""
+
+    def on_train_end(self, logs=None):
+        if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+            weight = self.model.trainable_weights[0]
+            weight.assign(weight + 1e-3)
+
+
+def test_workers_that_end_with_different_weights_fail_the_fit_naming_each_ones_checksum(digits_df):
+    with pytest.raises(ReplicasDivergedError, match="worker 0: [0-9a-f]+, worker 1: [0-9a-f]+") as caught:
+        tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
+                      num_workers=2, steps_per_epoch=2, callbacks=lambda: [NudgeWorker1()], verbose=0)
+    assert len(set(caught.value.checksums)) == 2
 
 
 @pytest.mark.versions

@@ -36,6 +36,8 @@ def test_each_task_sees_its_own_gpu_on_a_two_executor_cluster():
     assert {w["gpus"] for w in workers} <= {"0", "1", "2", "3"}
     # one GPU per worker trains over tfbarrier's authenticated ring by default: no TensorFlow server listens
     assert {w["communication"]["implementation"] for w in workers} == {"tfbarrier ring (authenticated)"}
+    # said once, with what it costs and the fix
+    assert len(outcome["warned"]) == 1 and "communication={'implementation': 'nccl'}" in outcome["warned"][0]
 
 
 def test_use_gpu_on_a_cluster_without_gpu_resources_is_refused_with_the_settings():

@@ -92,7 +92,7 @@ def test_a_cut_link_fails_the_fit_with_a_retryable_error_naming_the_host_that_st
     cause, context = lost_worker(outcome, worker=1, seen_by=0)
     assert "its host stopped answering" in cause
     # the healthy worker's aborted exchange (tfbarrier's ring: worker 1 went silent) is the context, not the cause
-    assert "UnavailableError" in context and "worker 1 went silent in the ring" in context
+    assert "PeerLostError" in context and "worker 1 went silent in the ring" in context
     assert outcome["attempts"] == [{"attempt": 1, "error": "WorkerLostError: " + cause.splitlines()[0],
                                     "retryable": True}]
     no_job_process_left(outcome)
@@ -196,7 +196,7 @@ time.sleep(600)
 
 
 def test_a_peer_whose_host_is_cut_is_silent_and_one_whose_process_is_gone_still_answers():
-    from tfbarrier import rendezvous
+    from tfbarrier.spark import rendezvous
 
     with HostsCluster(hosts=2, spark=False) as cluster:
         server = cluster.popen(1, [sys.executable, "-c", _LISTEN, cluster.host_address(1)], stdout=subprocess.PIPE,

@@ -64,7 +64,7 @@ def test_built_in_optimizers_keep_their_settings(optimizer):
 def test_weights_written_and_read_in_slices_of_a_few_rows_come_back_equal(flavor, tmp_path, monkeypatch):
     import importlib
 
-    from tfbarrier import model_spec
+    from tfbarrier.models import model_spec
 
     keras = importlib.import_module(flavor)
     monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 4)  # the 10 x 7 kernel goes in 3, 3, 3 and 1 rows

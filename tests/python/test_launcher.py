@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from tfbarrier.launcher import TrainingProcess
+from tfbarrier.spark.launcher import TrainingProcess
 
 
 def test_a_training_process_log_does_not_open_with_pythons_runpy_warning():
@@ -26,7 +26,7 @@ def test_a_training_process_log_does_not_open_with_pythons_runpy_warning():
 
 _ALLOCATOR_PROBE = """
 import tensorflow as tf
-from tfbarrier import training_process
+from tfbarrier.spark import training_process
 training_process._configure_runtime(tf, 1)
 tf.ones((256, 256))
 try:

@@ -15,8 +15,9 @@ import tf_keras
 from conftest import left_behind
 
 import tfbarrier
-from tfbarrier import faults, protocol, settings, workdirs
-from tfbarrier.launcher import TrainingProcess
+from tfbarrier import faults, settings
+from tfbarrier.spark import protocol, workdirs
+from tfbarrier.spark.launcher import TrainingProcess
 
 NOBODY = 65534
 # Run as root, it becomes nobody, then tries to read each path given: prints one JSON line, a path's

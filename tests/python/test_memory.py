@@ -104,7 +104,7 @@ class NewProcesses(threading.Thread):
 
     @staticmethod
     def now():
-        return set(training_processes(spares=True)) | set(training_processes(spares=True, module="tfbarrier.spares"))
+        return set(training_processes(spares=True)) | set(training_processes(spares=True, module="tfbarrier.spark.spares"))
 
     def run(self):
         while not self.done.wait(0.1):
@@ -150,8 +150,8 @@ def test_on_a_local_master_a_fit_over_its_share_of_the_machine_is_refused_before
 def test_what_a_worker_needs_is_checked_against_its_share_of_the_host():
     import pytest
 
-    from tfbarrier import memory
     from tfbarrier.errors import ModelError
+    from tfbarrier.models import memory
 
     usable = memory.usable_bytes()
     huge = memory.ModelSize(weights=usable, trainable=usable, slots=2, optimizer="Adam")
@@ -162,7 +162,7 @@ def test_what_a_worker_needs_is_checked_against_its_share_of_the_host():
 
 
 def test_the_driver_knows_what_a_local_worker_can_have(spark):
-    from tfbarrier import memory
+    from tfbarrier.models import memory
 
     can_have, why, fix = memory.executor_budget(spark, num_workers=2)
     assert 0 < can_have <= memory.usable_bytes() // 2 * 1.1 and "available for 2 workers" in why
@@ -177,12 +177,13 @@ def test_on_a_local_master_workers_that_would_take_all_the_available_memory_are_
     refused, however much of the available memory is left."""
     import psutil
 
-    from tfbarrier import memory
+    from tfbarrier import exchange as exchanges
     from tfbarrier.errors import ModelError
+    from tfbarrier.models import memory
 
     machine = psutil.virtual_memory()
     share = (machine.available - memory.HEADROOM * machine.total / 2) / 2  # between the two: half the headroom
-    trainable = int((share - memory.TENSORFLOW_BYTES) / memory.RING_STEP_COPIES)  # a fit over the ring
+    trainable = int((share - memory.TENSORFLOW_BYTES) / exchanges.named("tfbarrier").step_copies)  # a fit over the ring
     size = memory.ModelSize(weights=trainable, trainable=trainable, slots=0, optimizer="SGD")
     assert machine.available / 2 > size.worker_bytes(rows=0) > (machine.available - memory.HEADROOM * machine.total) / 2
     with pytest.raises(ModelError, match=r"a tenth of its memory kept"):
@@ -198,7 +199,7 @@ def test_the_estimate_covers_the_peak_of_a_fit_whose_layer_outputs_outweigh_its_
     more of a step's tensors are alive at once, and the peak was 1.16x the quiet one."""
     import keras
 
-    from tfbarrier import memory
+    from tfbarrier.models import memory
 
     layers = keras.layers
     model = keras.Sequential([keras.Input((64, 64, 3))]

@@ -93,7 +93,7 @@ def copy_of(model):
 
 @pytest.mark.parametrize("build, options", [
     pytest.param(gated_model, {"steps_per_execution": 3}, marks=pytest.mark.versions),
-    (subclassed_model, {"communication": {"bytes_per_pack": 600}}),  # the gradients in 2 packs: 512 + 64, 64 + 4 bytes
+    (subclassed_model, {"communication": {"bytes_per_pack": 600}}),  # 2 packs, last layers first: 4 + 64 + 64, 512 bytes
 ], ids=["custom_layer_and_loss_3_steps_a_call", "subclassed_in_packs"])
 def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, options, tmp_path):
     keras.utils.set_random_seed(11)
@@ -142,13 +142,13 @@ def trained_as_one_process(result, model, reference, history):
 
 
 def keras_flavor_of(model):
-    from tfbarrier.model_spec import keras_flavor
+    from tfbarrier.models.model_spec import keras_flavor
 
     return keras_flavor(model)
 
 
 @pytest.mark.parametrize("option, what, fix", [
-    ({"communication": {"implementation": "ring"}}, "implementation", "tfbarrier's ring"),
+    ({"exchange": "strategy"}, "tfbarrier's ring only", "drop exchange='strategy'"),
 ])
 def test_what_the_native_path_cannot_do_yet_is_refused_before_the_stage(spark, line_df, option, what, fix):
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
@@ -365,3 +365,35 @@ def test_a_stop_on_one_worker_stops_every_worker_after_the_same_step(spark, line
     assert [w["steps"] for w in result.workers] == [3, 3]
     assert result.workers[0]["checksum"] == result.workers[1]["checksum"]
     assert len(result.history["loss"]) == 1 and result.stopped_epoch == 0
+
+
+@keras.saving.register_keras_serializable(package="tfbarrier_tests")
+class TwoOptimizers(TwoLayers):
+    """A custom train_step that updates its second layer through an optimizer of its own, not model.optimizer:
+    that layer's gradients would never cross between the workers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.own_optimizer = keras.optimizers.SGD(0.1)
+
+    def train_step(self, data):
+        import tensorflow as tf
+
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads[:2], self.trainable_variables[:2])
+        self.own_optimizer.apply(grads[2:], self.trainable_variables[2:])
+        return {"loss": loss}
+
+
+def test_a_step_that_updates_weights_without_model_optimizer_is_refused_naming_them(spark, line_df):
+    model = TwoOptimizers()
+    model(np.zeros((1, 8), "float32"))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    # the second layer's weights, by their paths (the first layer's went through model.optimizer)
+    with pytest.raises(tfbarrier.errors.ModelError, match=r"updated \S*dense\S*/kernel, \S*dense\S*/bias without "
+                                                          "model.optimizer"):
+        tfbarrier.fit(line_df, model, features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, num_workers=2,
+                      steps_per_epoch=2, verbose=0)

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from tfbarrier import optimizers
+from tfbarrier.fitting import optimizers
 
 FUSED_KERNELS = {"ResourceApplyGradientDescent", "ResourceApplyKerasMomentum", "ResourceApplyAdam",
                  "ResourceApplyAdamWithAmsgrad"}

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tfbarrier
-from tfbarrier import layouts, parquet_source
+from tfbarrier.data import layouts, parquet_source
 from tfbarrier.errors import ColumnError
 
 WIDTH = 64

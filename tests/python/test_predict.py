@@ -179,7 +179,7 @@ def test_predict_local_reads_a_dataframe_with_the_feature_layouts(model, rows):
 
 
 def _prune_in_rounds(barrier, directory, rounds, failures):
-    from tfbarrier.scoring_models import prune_models
+    from tfbarrier.models.scoring_models import prune_models
     try:
         for _ in range(rounds):
             barrier.wait()

@@ -91,7 +91,7 @@ def test_history_frame_has_one_row_per_epoch(verbose_fit):
 
 
 def test_when_no_task_reaches_the_driver_the_user_is_warned_that_progress_was_unavailable():
-    from tfbarrier.driver_link import DriverLink, DriverServer
+    from tfbarrier.spark.driver_link import DriverLink, DriverServer
     from tfbarrier.progress import ProgressDisplay, ProgressUnavailableWarning
 
     display = ProgressDisplay(verbose=1)
@@ -148,12 +148,13 @@ def test_steps_and_progress_count_every_step_with_steps_per_execution(digits_df)
     model.compile(optimizer=model.optimizer, loss=model.loss, metrics=["accuracy"], steps_per_execution=4)
     result = tfbarrier.fit(digits_df, model, features="pixels", label="digit", epochs=2, batch_size=64,
                            num_workers=2, steps_per_epoch=10, verbose=0,
-                           communication={"bytes_per_pack": 1 << 20, "implementation": "ring"})
+                           exchange="strategy", communication={"bytes_per_pack": 1 << 20, "implementation": "ring"})
     assert [w["steps"] for w in result.workers] == [20, 20]
     assert [w["steps_per_execution"] for w in result.workers] == [4, 4]
     # read back from each worker's strategy and optimizer
     assert [w["communication"] for w in result.workers] == 2 * [
-        {"implementation": "ring", "bytes_per_pack": 1 << 20, "timeout_seconds": None, "compression": "none"}]
+        {"exchange": "strategy", "implementation": "ring", "bytes_per_pack": 1 << 20, "timeout_seconds": None,
+         "compression": "none"}]
     chief = [m for m in result.progress if m["kind"] == "progress" and m["worker"] == 0]
     assert chief[0]["total_steps"] == 20 and chief[-1]["steps"] == 20
     assert [m["steps"] for m in chief if "epoch" in m] == [10, 20]

@@ -5,7 +5,7 @@ import socket
 import pyarrow as pa
 import pytest
 
-from tfbarrier import protocol
+from tfbarrier.spark import protocol
 from tfbarrier.results import FitOutput, ProcessReport, WorkerResult
 
 

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from tfbarrier import rendezvous, settings
-from tfbarrier.driver_link import DriverLink, DriverServer
+from tfbarrier.spark import rendezvous
+from tfbarrier import settings
+from tfbarrier.spark.driver_link import DriverLink, DriverServer
 from tfbarrier.errors import PortClashError
 from tfbarrier.faults import port_clash_is_retryable
 
@@ -145,9 +146,9 @@ def test_run_meets_through_the_driver_and_streams_the_functions_lines(spark, cap
 def test_tasks_that_cannot_reach_the_driver_meet_through_allgather(spark):
     import cloudpickle
 
-    from tfbarrier import stage
-    from tfbarrier.job import RunJob, pickle_user_code
-    from tfbarrier.transfer import Payload
+    from tfbarrier.spark import stage
+    from tfbarrier.spark.job import RunJob, pickle_user_code
+    from tfbarrier.spark.transfer import Payload
 
     with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task
         closed.bind(("127.0.0.1", 0))

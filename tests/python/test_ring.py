@@ -1,5 +1,5 @@
-"""tf_keras models over tfbarrier's authenticated ring (communication implementation "tfbarrier", the default
-on CPUs): no MultiWorkerMirroredStrategy and no TensorFlow server. Two workers end with the weights and history of one tf_keras process fed the same global
+"""tf_keras models over tfbarrier's authenticated ring (exchange "tfbarrier", the default of every fit of at
+most one GPU per worker): no MultiWorkerMirroredStrategy and no TensorFlow server. Two workers end with the weights and history of one tf_keras process fed the same global
 batches, validation counts every row once, saved models and a mid-epoch resume work as under the
 strategy."""
 
@@ -11,9 +11,6 @@ from test_native import (GLOBAL_BATCH, line_df, one_process,  # noqa: F401 - lin
                          resumes_as_if_uninterrupted, trained_as_one_process)
 
 import tfbarrier
-
-RING = {"implementation": "tfbarrier"}
-
 
 def dense_model(seed=11):
     import tf_keras
@@ -30,7 +27,7 @@ def test_two_workers_train_a_tf_keras_model_over_the_ring_as_one_process_would(s
 
     model, reference = dense_model(), dense_model()
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
-                           num_workers=2, shuffle=False, communication=RING, steps_per_execution=2,
+                           num_workers=2, shuffle=False, exchange="tfbarrier", steps_per_execution=2,
                            save_to=str(tmp_path), verbose=0)
     history = one_process(reference, epochs=2)
 
@@ -42,9 +39,9 @@ def test_two_workers_train_a_tf_keras_model_over_the_ring_as_one_process_would(s
         np.testing.assert_array_equal(trained, kept)
 
 
-@pytest.mark.parametrize("communication", [RING, None], ids=["ring", "strategy"])
+@pytest.mark.parametrize("exchange", ["tfbarrier", "strategy"])
 def test_a_label_per_row_validates_as_in_one_process_however_uneven_the_workers_shares(spark, line_df,  # noqa: F811
-                                                                                       communication):
+                                                                                       exchange):
     # y is one float per row against one prediction column: the loss of each row, not the batch's mean
     # (under the strategy too: its val_loss was 2.04 for one process's 2.30)
     reference = dense_model()
@@ -53,7 +50,7 @@ def test_a_label_per_row_validates_as_in_one_process_however_uneven_the_workers_
     yv = (xv @ np.linspace(-1, 1, 8)).astype("float32")
     validation = partitioned(spark, pd.DataFrame({"x": list(xv), "y": yv}), lambda i: int(i >= 30), 2)
     result = tfbarrier.fit(line_df, dense_model(), features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
-                           num_workers=2, shuffle=False, validation_data=validation, communication=communication,
+                           num_workers=2, shuffle=False, validation_data=validation, exchange=exchange,
                            verbose=0)
     history = one_process(reference, epochs=2, validation_data=(xv, yv))
     for name in ("val_loss", "val_mae", "loss", "mae"):
@@ -64,6 +61,6 @@ def test_a_ring_worker_killed_mid_epoch_resumes_at_the_next_step_as_if_uninterru
                                                                                       tmp_path):
     def fit(**kwargs):
         return tfbarrier.fit(line_df, dense_model(), features="x", label="y", epochs=3, batch_size=GLOBAL_BATCH,
-                             num_workers=2, seed=7, verbose=0, communication=RING, **kwargs)
+                             num_workers=2, seed=7, verbose=0, exchange="tfbarrier", **kwargs)
 
     resumes_as_if_uninterrupted(fit, tmp_path)

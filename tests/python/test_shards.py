@@ -5,8 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tfbarrier import shards
-from tfbarrier.features import ArrayColumn
+from tfbarrier.data import shards
+from tfbarrier.data.features import ArrayColumn
 
 WIDTH = 6
 

@@ -32,8 +32,8 @@ def test_spares_outlive_python_workers_serve_the_next_fit_and_die_with_spark():
     assert min(first["tensorflow_import"]) > max(second["tensorflow_import"])
     deadline = time.monotonic() + 30
     tag = report["tag"]
-    while (training_processes(spares=True, tag=tag) or training_processes(tag=tag, module="tfbarrier.spares")) \
+    while (training_processes(spares=True, tag=tag) or training_processes(tag=tag, module="tfbarrier.spark.spares")) \
             and time.monotonic() < deadline:
         time.sleep(0.5)
     assert training_processes(spares=True, tag=tag) == []
-    assert training_processes(tag=tag, module="tfbarrier.spares") == []
+    assert training_processes(tag=tag, module="tfbarrier.spark.spares") == []

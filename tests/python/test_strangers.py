@@ -4,7 +4,7 @@ placing tf.io.read_file on /job:worker/task:N) against every port a training pro
 fit trains. A fit over tfbarrier's ring (every fit on CPUs by default: a native Keras 3 model, a tf_keras
 model) runs no TensorFlow server, and its training processes listen on no port once their ring is made (its
 admission is tested in test_exchange.py): the stranger gets nothing, and the fit goes on unharmed. The same
-stranger reads the file through a fit under MultiWorkerMirroredStrategy (implementation "ring": what every
+stranger reads the file through a fit under MultiWorkerMirroredStrategy (exchange "strategy": what every
 fit was before the ring), so the test can see what it looks for. test_hosts.py does the same across hosts."""
 
 import os
@@ -17,7 +17,7 @@ import pytest
 import tf_keras
 from conftest import training_processes
 from test_native import GLOBAL_BATCH, gated_model, line_data
-from test_ring import RING, dense_model
+from test_ring import dense_model
 
 from support import stranger
 
@@ -42,8 +42,8 @@ class HeldWhile(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's 
 
 
 @pytest.mark.parametrize("build, options, over_ring", [
-    (gated_model, {}, True), (dense_model, {"communication": RING}, True),
-    (dense_model, {"communication": {"implementation": "ring"}}, False)],
+    (gated_model, {}, True), (dense_model, {"exchange": "tfbarrier"}, True),
+    (dense_model, {"exchange": "strategy", "communication": {"implementation": "ring"}}, False)],
     ids=["native_keras3", "tf_keras_over_the_ring", "tf_keras_under_the_strategy"])
 def test_a_stranger_gets_nothing_run_by_the_training_processes_of_a_fit_over_the_ring(spark, line_df, tmp_path,
                                                                                      build, options, over_ring):

@@ -15,7 +15,7 @@ from conftest import left_behind
 from support import faults
 
 import tfbarrier
-from tfbarrier import cluster, transfer
+from tfbarrier.spark import cluster, transfer
 from tfbarrier.settings import DRIVER_LINK_CONF
 
 KB = 2**10
@@ -211,9 +211,10 @@ def return_the_workers_index():
 def test_tasks_that_cannot_reach_the_driver_link_get_the_job_again_with_its_files_inside(spark):
     import dataclasses
 
-    from tfbarrier import progress, stage
-    from tfbarrier.job import RunJob, pickle_user_code
-    from tfbarrier.transfer import JobFiles
+    from tfbarrier import progress
+    from tfbarrier.spark import stage
+    from tfbarrier.spark.job import RunJob, pickle_user_code
+    from tfbarrier.spark.transfer import JobFiles
 
     with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task
         closed.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ from pyspark.ml.linalg import SparseVector, Vectors, VectorUDT
 from pyspark.sql.types import ArrayType, DoubleType, LongType, StructField, StructType
 
 import tfbarrier
-from tfbarrier import features, layouts, parquet_source
+from tfbarrier.data import features, layouts, parquet_source
 from tfbarrier.errors import ColumnError
 from tfbarrier.inference import predict_local
 

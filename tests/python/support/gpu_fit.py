@@ -1,10 +1,11 @@
 """Driver program for test_gpus: argv = master, JSON of Spark settings, JSON of fit arguments, and how
 many fits to run one after the other (default 1: later fits may take spares). Prints one JSON line: the
 last fit's workers (executor, CUDA_VISIBLE_DEVICES as each training process read it, warm start, what
-carried its gradients) and every fit's as "fits", or the error."""
+carried its gradients) and every fit's as "fits", the GpuExchangeWarnings of the last fit, or the error."""
 
 import json
 import sys
+import warnings
 
 import pandas as pd
 from conftest import digits_cnn, digits_frames, make_spark
@@ -18,8 +19,11 @@ train = digits_frames()[0].iloc[:256]
 try:
     outcome = {"fits": []}
     for _ in range(fits):
-        result = tfbarrier.fit(spark.createDataFrame(pd.DataFrame(train)), digits_cnn(), features="pixels",
-                               label="digit", epochs=1, **kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tfbarrier.fit(spark.createDataFrame(pd.DataFrame(train)), digits_cnn(), features="pixels",
+                                   label="digit", epochs=1, **kwargs)
+        outcome["warned"] = [str(w.message) for w in caught if w.category.__name__ == "GpuExchangeWarning"]
         outcome["workers"] = [{key: w[key] for key in ("executor", "gpus", "warm_start", "communication")}
                               for w in result.workers]
         outcome["fits"].append(outcome["workers"])

@@ -24,9 +24,9 @@ from support import faults, hosts
 from support.hosts import request
 
 import tfbarrier
-from tfbarrier import cluster as tfb_cluster
+from tfbarrier.spark import cluster as tfb_cluster
 from tfbarrier import settings
-from tfbarrier import stage as tfb_stage
+from tfbarrier.spark import stage as tfb_stage
 from tfbarrier.progress import ProgressUnavailableWarning
 
 config = json.loads(sys.argv[1])
@@ -97,7 +97,7 @@ def job_processes():
         for pid in hosts.namespace_pids(namespace):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"tfbarrier.training_process" in f.read() and not _is_spare(pid):
+                    if b"tfbarrier.spark.training_process" in f.read() and not _is_spare(pid):
                         pids.append(pid)
             except OSError:
                 pass

@@ -22,8 +22,8 @@ from support.hosts import run_processes
 from test_environments import write_wheel
 
 import tfbarrier
-from tfbarrier import environment
-from tfbarrier.environment import PythonEnv
+from tfbarrier.spark import environment
+from tfbarrier.spark.environment import PythonEnv
 
 config = json.loads(sys.argv[1])
 HOSTS = len(config["hosts"])
@@ -214,14 +214,13 @@ def held_while(path):
     return callbacks
 
 
-def stranger_during(communication, marker):
+def stranger_during(exchange, marker):
     """support/stranger.py, from the driver's place on the bridge, against every port each training process
     of a fit listens on, at its host's address, while the fit trains; then the fit's outcome."""
     outcome, hold = {}, os.path.join(config["dir"], "hold")
     open(hold, "w").close()
     fit = threading.Thread(target=lambda: outcome.update(result=tfbarrier.fit(
-        df, digits_cnn(), epochs=1, steps_per_epoch=5, callbacks=held_while(hold), communication=communication,
-        **FIT)))
+        df, digits_cnn(), epochs=1, steps_per_epoch=5, callbacks=held_while(hold), exchange=exchange, **FIT)))
     fit.start()
     wait_for(lambda: len(run_training_processes()) == HOSTS)
     time.sleep(3.0)  # past the ring's making: the processes train
@@ -237,12 +236,12 @@ def stranger_during(communication, marker):
 
 
 def strangers():
-    """A stranger during a fit over the ring (the default), then under MultiWorkerMirroredStrategy (the
-    implementation "ring"), which shows what the stranger looks for."""
+    """A stranger during a fit over the ring (the default), then under MultiWorkerMirroredStrategy (exchange
+    "strategy"), which shows what the stranger looks for."""
     marker = os.path.join(config["dir"], "stranger-marker.txt")
     with open(marker, "w") as f:
         f.write(config["stranger_secret"])
-    return {"ring": stranger_during(None, marker), "strategy": stranger_during({"implementation": "ring"}, marker)}
+    return {"ring": stranger_during("auto", marker), "strategy": stranger_during("strategy", marker)}
 
 
 def impostor():

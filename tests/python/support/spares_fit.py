@@ -88,6 +88,6 @@ spark.conf.set("spark.tfbarrier.warmStart", "false")
 fit(spares=0)
 spark.conf.unset("spark.tfbarrier.warmStart")
 fit()  # leaves spares for spark.stop() to end
-report["keepers"] = training_processes(spares=True, module="tfbarrier.spares")
+report["keepers"] = training_processes(spares=True, module="tfbarrier.spark.spares")
 print("RESULT " + json.dumps(report), flush=True)
 spark.stop()

@@ -11,10 +11,10 @@ MARKER_ENV = "TFBARRIER_TEST_IMPOSTOR"
 
 
 class _Impostor(importlib.abc.MetaPathFinder):
-    """Finds tfbarrier.exchange as usual, then replaces its Ring.join by one that alters the secret."""
+    """Finds tfbarrier.exchange.ring as usual, then replaces its Ring.join by one that alters the secret."""
 
     def find_spec(self, name, path, target=None):
-        if name != "tfbarrier.exchange":
+        if name != "tfbarrier.exchange.ring":
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         load = spec.loader.exec_module

@@ -1,0 +1,17 @@
+"""The "tfbarrier" exchange: tfbarrier's own ring (ring.py), which admits only processes that prove they hold
+the job's secret, over TLS where the cluster encrypts. No TensorFlow server: a training process listens on
+its port only until its ring is made. One copy of the model per worker, on one device. The default of every
+fit of at most one GPU per worker. Its training process's side is ring_training.py."""
+
+from tfbarrier.exchange.base import Exchange
+
+
+class AuthenticatedRing(Exchange):
+    name = "tfbarrier"
+    trainer = "tfbarrier.exchange.ring_training"
+    # weights, gradients, a pack of them joined and its sum, from the peaks of 2-worker fits over the ring
+    # (bench/memory_estimate_bench.py at 63fde93: MLPs of 12 to 300 M parameters, CNNs; SGD, momentum, Adam)
+    step_copies = 4.9
+
+    def describe(self, communication):
+        return {"implementation": "tfbarrier ring (authenticated)", "exchange": self.name, **communication}

@@ -1,0 +1,328 @@
+"""A ring all-reduce between a job's training processes that admits only the job's own peers.
+
+How the workers of a fit over tfbarrier's ring exchange gradients and metric states (ring_training.py;
+docs/gradient-exchange-design.md).
+Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
+after both sides proved that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a
+stranger sends is read as data and a recorded exchange cannot be replayed). With the job's TLS credentials
+(job_tls.py: the cluster encrypts), each connection is TLS first and the proofs go inside it.
+``Ring.all_reduce_sum`` sums equal-shaped numpy arrays across the ring: reduce-scatter, then all-gather, each
+process sending 2 (n - 1) / n of the array's bytes. A failure is a WorkerError, retryable when a peer is
+missing, not when a peer cannot prove that it belongs to the job; a peer lost once the ring is made is a
+PeerLostError, which the ring also keeps (``failure``): raised inside a compiled step, TensorFlow hands the
+caller its own error for it.
+"""
+
+import hashlib
+import hmac
+import queue
+import secrets
+import socket
+import ssl
+import struct
+import threading
+import time
+
+import numpy as np
+
+from tfbarrier.errors import PeerLostError, WorkerError
+from tfbarrier.exchange.tls import describe
+
+NONCE_BYTES = 32
+_HELLO = struct.Struct("!I")  # the connecting process's rank
+_STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
+RETRY = "retry"  # _greet: connect again until the deadline
+DEAD_LINK_SECONDS = 10  # a link that answers nothing for this long fails the ring (_fail_on_dead_links)
+
+
+def _aggregation(variable):
+    """How a variable aggregates across replicas: "sum", "mean"...: Keras 3's name, or tf.VariableAggregation's."""
+    aggregation = getattr(variable, "aggregation", "sum")
+    return str(getattr(aggregation, "name", aggregation)).lower()
+
+
+def _proof(secret, label, *parts):
+    return hmac.new(secret, label + b"".join(parts), hashlib.sha256).digest()
+
+
+def _recv_exactly(sock, size):
+    data = bytearray(size)
+    view, got = memoryview(data), 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("the peer closed the connection")
+        got += n
+    return data
+
+
+def _admit(conn, secret, expected_rank):
+    """The accepting side: the peer proves the secret first, then this side does."""
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    conn.sendall(nonce)
+    hello = _recv_exactly(conn, _HELLO.size + NONCE_BYTES + 32)
+    rank, their_nonce, proof = _HELLO.unpack(hello[:4])[0], hello[4:4 + NONCE_BYTES], hello[4 + NONCE_BYTES:]
+    if rank != expected_rank or not hmac.compare_digest(
+            proof, _proof(secret, b"tfbarrier-ring-hello", nonce, their_nonce, hello[:4])):
+        return False
+    conn.sendall(_proof(secret, b"tfbarrier-ring-welcome", their_nonce, nonce))
+    return True
+
+
+def _introduce(sock, secret, rank):
+    """The connecting side: prove the secret, then check the peer's proof."""
+    their_nonce = _recv_exactly(sock, NONCE_BYTES)
+    nonce, hello = secrets.token_bytes(NONCE_BYTES), _HELLO.pack(rank)
+    sock.sendall(hello + nonce + _proof(secret, b"tfbarrier-ring-hello", their_nonce, nonce, hello))
+    welcome = _recv_exactly(sock, 32)
+    return hmac.compare_digest(welcome, _proof(secret, b"tfbarrier-ring-welcome", nonce, their_nonce))
+
+
+def _greet(sock, credentials, rank):
+    """The connecting side's TLS (with ``credentials``' job_tls.Credentials) and proof of the secret:
+    (the socket, None), (it, why the peer is not this job's), or (it, RETRY) when the TLS handshake failed
+    otherwise (the peer went away, or it is not speaking TLS: not yet the job's process there)."""
+    secret, tls = credentials
+    try:
+        if tls is not None:
+            sock = tls.client(sock)
+    except ssl.SSLCertVerificationError as exc:
+        return sock, f"did not present the job's certificate ({exc.verify_message})"
+    except OSError:
+        return sock, RETRY
+    try:
+        if _introduce(sock, secret, rank):
+            return sock, None
+        return sock, "did not prove that it holds this job's secret"
+    except OSError as exc:  # the peer closed: it did not accept this process's proof
+        return sock, f"refused this process's proof of the job's secret ({exc})"
+
+
+class _Admission:
+    """The accepting side's wait for the previous rank on ``listener``: each connection is tried in a thread
+    of its own, so a stranger that holds one open (or stalls its TLS handshake) delays nobody; the first to
+    prove the secret is kept, every other connection closed."""
+
+    def __init__(self, listener, credentials, expected_rank, deadline):
+        self.refused, self._conn, self._abandoned = 0, None, False
+        self._lock, self._admitted = threading.Lock(), threading.Event()
+        self._listener, self._credentials, self._rank, self._deadline = listener, credentials, expected_rank, deadline
+        threading.Thread(target=self._accept, name="tfbarrier-ring-accept", daemon=True).start()
+
+    def _accept(self):
+        while not self._admitted.is_set() and time.monotonic() < self._deadline:
+            try:  # the listener may close (the ring made) at any moment
+                self._listener.settimeout(min(0.2, max(0.01, self._deadline - time.monotonic())))
+                conn, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:  # the listener closed
+                return
+            threading.Thread(target=self._try, args=(conn,), name="tfbarrier-ring-admit", daemon=True).start()
+
+    def _try(self, conn):
+        secret, tls = self._credentials
+        conn.settimeout(max(0.01, min(5.0, self._deadline - time.monotonic())))
+        try:
+            if tls is not None:
+                conn = tls.server(conn)  # a stranger speaking plain TCP fails here
+            admitted = _admit(conn, secret, self._rank)
+        except OSError:  # the stranger closed or went quiet
+            admitted = False
+        with self._lock:
+            if admitted and self._conn is None and not self._abandoned:
+                self._conn = conn
+                self._admitted.set()
+                return
+            self.refused += not admitted
+        conn.close()
+
+    def wait(self, seconds):
+        """The admitted connection, or None after ``seconds``."""
+        self._admitted.wait(seconds)
+        with self._lock:
+            return self._conn
+
+    def abandon(self):
+        """Stop waiting; close what got in meanwhile."""
+        with self._lock:
+            self._abandoned, conn, self._conn = True, self._conn, None
+        self._admitted.set()
+        if conn is not None:
+            conn.close()
+
+
+def _fail_on_dead_links(sock):
+    """Make a dead link (a host cut off or stopped) fail ``sock`` within about DEAD_LINK_SECONDS, where a
+    peer that is only busy (tracing, saving, validating) keeps it alive: its kernel still answers. TCP
+    keepalive probes find it on the socket a worker waits to read from (no TCP_USER_TIMEOUT: it would also
+    end a connection to a live peer whose receive window stays full while it is busy)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    probes = {"TCP_KEEPIDLE": DEAD_LINK_SECONDS // 3, "TCP_KEEPINTVL": DEAD_LINK_SECONDS // 6, "TCP_KEEPCNT": 4}
+    for name, value in probes.items():
+        if hasattr(socket, name):  # Linux's; elsewhere the ring's own timeout remains
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+class Ring:
+    """This process's place in the ring: ``rank`` of ``len(addresses)``, connected to its neighbours."""
+
+    def __init__(self, rank, size, left, right, timeout):
+        self.rank, self.size, self.timeout = rank, size, timeout
+        self._left, self._right, self._step = left, right, 0
+        self.failure = None  # the PeerLostError this ring raised, if it did
+        self._sends, self._sent = queue.Queue(), queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="tfbarrier-ring-send", daemon=True)
+        if size > 1:
+            self._sender.start()
+
+    @classmethod
+    def join(cls, rank, addresses, secret, listener, timeout=60.0, tls=None):
+        """Connect to the next process in ``addresses`` (``host:port`` of every rank) and admit the
+        previous one on ``listener`` (a listening socket on this rank's address), over TLS with ``tls``
+        (job_tls.Credentials). Connections that do not prove ``secret`` (bytes) are closed and the wait
+        goes on; WorkerError after ``timeout`` s."""
+        size = len(addresses)
+        if size == 1:
+            return cls(rank, 1, None, None, timeout)
+        deadline = time.monotonic() + timeout
+        admission = _Admission(listener, (secret, tls), (rank - 1) % size, deadline)
+        try:
+            right = cls._connect(addresses[(rank + 1) % size], (secret, tls), rank, deadline)
+        except WorkerError:
+            admission.abandon()  # the previous worker may have got in meanwhile: not left open
+            raise
+        left = admission.wait(max(0.0, deadline - time.monotonic()))
+        if left is None:
+            admission.abandon()
+            right.close()
+            raise WorkerError(f"worker {(rank - 1) % size} did not join the ring within {timeout:g} s "
+                              f"({admission.refused} connection(s) without the job's secret refused)",
+                              worker=(rank - 1) % size, retryable=True)
+        try:
+            for sock in (left, right):
+                sock.settimeout(timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                _fail_on_dead_links(sock)
+        except OSError as exc:  # a neighbour gone in the meantime: neither connection left open
+            left.close()
+            right.close()
+            raise WorkerError(f"the ring's connections failed as they were made ({exc})", retryable=True) from None
+        return cls(rank, size, left, right, timeout)
+
+    @staticmethod
+    def _connect(address, credentials, rank, deadline):
+        host, port = address.rsplit(":", 1)
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection((host, int(port)), timeout=max(0.01, deadline - time.monotonic()))
+            except OSError as exc:  # not listening yet
+                last = exc
+                time.sleep(0.05)
+                continue
+            sock, why = _greet(sock, credentials, rank)
+            if why is None:
+                return sock
+            sock.close()
+            if why is RETRY:
+                last = "the TLS handshake failed"
+                time.sleep(0.05)
+                continue
+            raise WorkerError(f"the next worker in the ring, at {address}, {why}: are both of this job?")
+        raise WorkerError(f"could not reach the next worker in the ring at {address} within the ring's timeout: {last}",
+                          retryable=True)
+
+    def _send_loop(self):
+        while (parts := self._sends.get()) is not None:
+            try:
+                for part in parts:
+                    self._right.sendall(part)
+                self._sent.put(None)
+            except OSError as exc:
+                self._sent.put(exc)
+
+    def _exchange(self, outgoing, incoming):
+        """Send ``outgoing`` to the right while reading ``incoming``'s size from the left."""
+        self._step += 1
+        # ``outgoing`` is sent as it lies: no step changes it before this one's send is done
+        self._sends.put((_STEP.pack(self._step), memoryview(np.ascontiguousarray(outgoing)).cast("B")))
+        try:
+            step = _STEP.unpack(_recv_exactly(self._left, _STEP.size))[0]
+            data = _recv_exactly(self._left, incoming.nbytes)
+        except OSError as exc:  # a timeout, a closed or reset connection
+            raise self._lost(self.rank - 1, f"went silent in the ring ({exc})") from None
+        if step != self._step:
+            raise WorkerError(f"worker {(self.rank - 1) % self.size} is out of step in the ring ({step}, not {self._step})")
+        try:
+            sent = self._sent.get(timeout=self.timeout)
+        except queue.Empty:
+            sent = f"nothing read for {self.timeout:g} s"
+        if sent is not None:
+            raise self._lost(self.rank + 1, f"stopped reading the ring ({sent})")
+        return np.frombuffer(data, dtype=incoming.dtype)
+
+    @property
+    def encryption(self):
+        """The TLS version and cipher of this process's ring connections, or None: plain TCP."""
+        return describe(self._right)
+
+    def _lost(self, rank, what):
+        worker = rank % self.size
+        self.failure = PeerLostError(f"lost in the ring: worker {worker} {what}", worker=worker,
+                                     exc_type="PeerLostError")
+        return self.failure
+
+    def all_reduce_sum(self, array):
+        """The sum of every process's ``array`` (same shape and dtype everywhere), on every process."""
+        total = np.array(array, copy=True)
+        if self.size == 1:
+            return total
+        flat = total.reshape(-1)
+        chunks = np.array_split(flat, self.size)
+        for step in range(self.size - 1):  # reduce-scatter: chunk (rank + 1) ends whole here
+            send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
+            chunks[receive] += self._exchange(chunks[send], chunks[receive])
+        for step in range(self.size - 1):  # all-gather
+            send, receive = (self.rank - step + 1) % self.size, (self.rank - step) % self.size
+            chunks[receive][:] = self._exchange(chunks[send], chunks[receive])
+        return total
+
+    def all_gather(self, array):
+        """Every process's ``array`` (same shape and dtype everywhere) stacked in rank order, on every process:
+        the sum of stacks that are zeros but for each process's own row."""
+        stacked = np.zeros((self.size, *np.shape(array)), np.asarray(array).dtype)
+        stacked[self.rank] = array
+        return self.all_reduce_sum(stacked)
+
+    def broadcast_variables(self, variables):
+        """Give every process rank 0's values of ``variables``: each summed with zeros from the others (exact)."""
+        if self.size == 1:
+            return
+        for variable in variables:
+            value = variable.numpy()
+            variable.assign(self.all_reduce_sum(value if self.rank == 0 else np.zeros_like(value)))
+
+    def sum_variables(self, variables, mean=False):
+        """Replace each Keras variable (Keras 3's or TensorFlow's) that aggregates by sum (every metric's state)
+        by its sum across the ring, one that aggregates by mean (or every one, with ``mean``) by its mean: one
+        exchange for them all, in the order given (the same on every process)."""
+        if not mean:
+            variables = [v for v in variables if _aggregation(v) in ("sum", "mean")]
+        if self.size == 1 or not variables:
+            return
+        values = [v.numpy() for v in variables]
+        total = self.all_reduce_sum(np.concatenate([np.asarray(value, np.float64).reshape(-1) for value in values]))
+        at = 0
+        for variable, value in zip(variables, values):
+            summed = total[at:at + value.size].reshape(value.shape)
+            at += value.size
+            if mean or _aggregation(variable) == "mean":
+                summed = summed / self.size
+            variable.assign(summed.astype(value.dtype))
+
+    def close(self):
+        if self.size > 1:
+            self._sends.put(None)
+            for sock in (self._left, self._right):
+                sock.close()

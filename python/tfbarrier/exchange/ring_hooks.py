@@ -1,0 +1,185 @@
+"""What a fit over tfbarrier's ring hooks into Keras (ring_training.py): the optimizer's apply wrapped so that
+each step's gradients cross the ring (``exchange_gradients``), the epoch's metric states summed
+(``sum_metrics``), and the callbacks that keep the workers one model (``GlobalBatchLogs``, ``ExchangedOnly``,
+``AverageState``, ``StopTogether``). Imported only in training processes."""
+
+import hashlib
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from tfbarrier.errors import ModelError
+from tfbarrier.exchange.base import PACK_BYTES
+from tfbarrier.exchange.ring_checkpoints import average_moving_statistics
+
+EVERY_VARIABLE = "every variable"  # in ``exchanged``: an optimizer's update of all it holds went through the ring
+
+
+def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None):
+    """Make ``optimizer`` (of the ``flavor``'s Keras: ring_training.Keras3 or TfKeras) apply the mean of every worker's
+    gradients. They cross ``ring`` from inside the compiled step in packs: consecutive gradients together up
+    to ``bytes_per_pack`` (fit's ``communication``; 0: one pack), a larger one alone (no copy of it is made
+    to join a pack), last layers first (the backward pass makes theirs first: a pack travels while it goes
+    on), one pack after the other (the ring carries one exchange at a time, in the same order on every
+    worker); in float16 with ``compression="fp16"``, as strategy.py does under the strategy.
+    The variables whose gradients crossed are added to ``exchanged`` (their ids) as the step is traced.
+    Returns what FitResult.workers reports of it."""
+    options = options or {}
+    pack_bytes = options.get("bytes_per_pack", PACK_BYTES) or float("inf")
+    dtype = tf.float16 if options.get("compression") == "fp16" else tf.float32
+
+    def mean(flat):
+        total = ring.all_reduce_sum(flat)  # a copy: ``flat`` is TensorFlow's
+        total /= ring.size
+        return total
+
+    def mean_of(grads, variables):
+        if exchanged is not None:
+            exchanged.update([id(v) for v in variables] if variables is not None else [EVERY_VARIABLE])
+        if ring.size > 1:
+            after = []  # the ring's exchanges, one after the other, in the same order on every worker
+            sparse = [i for i, grad in enumerate(grads) if isinstance(grad, tf.IndexedSlices)]
+            # last layers first: the backward pass makes their gradients first, so the first packs can travel
+            # while it goes on (each pack waits only for its own gradients and the pack before it)
+            dense = [(i, grad) for i, grad in enumerate(grads) if grad is not None and i not in sparse][::-1]
+            for pack in _packs(dense, pack_bytes):
+                with tf.control_dependencies(after):
+                    flat = tf.concat([tf.reshape(tf.cast(grad, dtype), [-1]) for _, grad in pack], 0)
+                    summed = tf.numpy_function(mean, [flat], dtype, stateful=True)
+                after = [summed]
+                pieces = tf.split(summed, [grad.shape.num_elements() for _, grad in pack]) if len(pack) > 1 else [summed]
+                for (i, grad), piece in zip(pack, pieces):
+                    grads[i] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
+            for i in sparse[::-1]:  # an embedding's, usually the first layer's: the backward pass ends with it
+                grads[i], after = _gathered_slices(grads[i], ring, after)
+        return grads
+
+    flavor.wrap_apply(optimizer, mean_of)
+    return {"bytes_per_pack": options.get("bytes_per_pack", PACK_BYTES),
+            "compression": options.get("compression", "none"), "encryption": ring.encryption or "none"}
+
+
+def _gathered_slices(grad, ring, after):
+    """A sparse gradient (an embedding's IndexedSlices: a row per lookup, the same count on every worker)
+    as every worker's rows together, their values divided by the workers: what one process's gradient on
+    the global batch holds, for Keras's sparse update (densified, Adam's would differ). Returns it and the
+    exchange the next must follow."""
+    def gather(values):
+        return ring.all_gather(values).reshape(-1, *values.shape[1:])
+
+    with tf.control_dependencies(after):
+        values = tf.numpy_function(gather, [grad.values], grad.values.dtype, stateful=True)
+    with tf.control_dependencies([values]):
+        indices = tf.numpy_function(gather, [grad.indices], grad.indices.dtype, stateful=True)
+    values = tf.reshape(values, [-1, *grad.values.shape[1:]]) / tf.cast(ring.size, grad.values.dtype)
+    return tf.IndexedSlices(values, tf.reshape(indices, [-1]), grad.dense_shape), [indices]
+
+
+def _packs(gradients, pack_bytes):
+    """``gradients`` ((index, tensor) in order) in runs of at most ``pack_bytes`` of float32 (a larger one alone)."""
+    packs, size = [], 0
+    for index, grad in gradients:
+        grad_bytes = 4 * grad.shape.num_elements()
+        if not packs or size + grad_bytes > pack_bytes:
+            packs.append([])
+            size = 0
+        packs[-1].append((index, grad))
+        size += grad_bytes
+    return packs
+
+
+def sum_metrics(model, ring, reader):
+    """Make the epoch's results (read by the model's method ``reader``) read every worker's metric states,
+    summed (or averaged, for a variable that aggregates by mean), as one process holding every batch would
+    have them."""
+    results = getattr(model, reader)
+
+    def global_results(logs):
+        ring.sum_variables([v for metric in model.metrics for v in metric.variables])
+        return results(logs)
+
+    setattr(model, reader, global_results)
+
+
+class GlobalBatchLogs(tf_keras.callbacks.Callback):
+    """First of the callbacks: a call's logs (this worker's running loss and metrics) replaced by their mean
+    across ``ring``. Every worker ran as many steps of as many rows, so the mean is the global batches'
+    running value, what the strategy's logs hold: the progress bar and the user's batch-level callbacks see it."""
+
+    def __init__(self, ring):
+        super().__init__()
+        self.ring = ring
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not logs or self.ring.size == 1:
+            return
+        keys = sorted(key for key, value in logs.items() if np.ndim(value) == 0)
+        means = self.ring.all_reduce_sum(np.array([float(logs[key]) for key in keys])) / self.ring.size
+        logs.update(zip(keys, means.tolist()))
+
+
+class ExchangedOnly(tf_keras.callbacks.Callback):
+    """After the first call, refuses a training step that updated trainable weights without ``model.optimizer``
+    (a custom ``train_step`` with a second optimizer): their gradients never crossed the ring (they are not
+    in ``exchanged``), so the replicas drift apart. Such a weight found different across the workers fails
+    the fit in words; the weights that crossed cost nothing to check."""
+
+    def __init__(self, ring, exchanged):
+        super().__init__()
+        self.ring, self.exchanged, self.checked = ring, exchanged, False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.checked or EVERY_VARIABLE in self.exchanged:
+            return
+        self.checked = True
+        unexchanged = [v for v in self.model.trainable_variables if id(v) not in self.exchanged]
+        if not unexchanged or self.ring.size == 1:
+            return
+        digests = np.array([_digest(v) for v in unexchanged], np.int64)
+        apart = self.ring.all_gather(digests)
+        drifted = [getattr(v, "path", v.name) for v, column in zip(unexchanged, apart.T) if len(set(column.tolist())) > 1]
+        if drifted:
+            raise ModelError(
+                f"the training step updated {', '.join(drifted)} without model.optimizer (a custom train_step "
+                "with an optimizer of its own?): their gradients never crossed between the workers, whose copies "
+                "of them now differ. Update every trainable weight through model.optimizer (one optimizer; "
+                "keras.optimizers has none that takes two learning rates, but a LossScaleOptimizer or a schedule "
+                "wraps one), or make those weights non-trainable")
+
+
+def _digest(variable):
+    """Eight bytes of BLAKE2 over the variable's value, as an int: equal values, equal digests."""
+    value = np.ascontiguousarray(variable.numpy())
+    return int.from_bytes(hashlib.blake2b(memoryview(value).cast("B"), digest_size=8).digest(), "little", signed=True)
+
+
+class AverageState(tf_keras.callbacks.Callback):
+    """At each epoch's end, the moving statistics averaged across ``ring`` (average_moving_statistics): the
+    model validated, saved and returned is one model."""
+
+    def __init__(self, ring):
+        super().__init__()
+        self.ring = ring
+
+    def on_epoch_end(self, epoch, logs=None):
+        average_moving_statistics(self.ring, self.model)
+
+
+class StopTogether(tf_keras.callbacks.Callback):
+    """Last of the callbacks: when any worker's callbacks stopped the training (TerminateOnNaN on its own
+    batch's loss, a time budget), every worker stops after the same call, so the ring stays in step."""
+
+    def __init__(self, ring):
+        super().__init__()
+        self.ring = ring
+
+    def _agree(self):
+        if self.ring.all_reduce_sum(np.array([float(bool(self.model.stop_training))]))[0]:
+            self.model.stop_training = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._agree()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._agree()

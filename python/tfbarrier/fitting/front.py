@@ -1,0 +1,158 @@
+"""The fit kind's driver side: fit's arguments checked and made into its job and the DataFrame of its barrier
+stage (``prepare``: no Spark job but the data's profile), then the stage run and its FitResult made
+(``train``). tfbarrier.fit (api.py) is the face."""
+
+import random
+import time
+
+from tfbarrier import checks, settings, tracking
+from tfbarrier import exchange as exchanges
+from tfbarrier.data import parquet_source
+from tfbarrier.data.layouts import layout as features_layout
+from tfbarrier.errors import ReplicasDivergedError
+from tfbarrier.exchange import tls
+from tfbarrier.fitting.job import VALIDATION_COLUMN, FitJob, validates
+from tfbarrier.models import memory, native_model
+from tfbarrier.results import FitResult
+from tfbarrier.spark import cluster, gpus, preflight, stage
+
+PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
+# Data sources the tasks read themselves, tried in order: each plan(frame, partitions, layout, num_workers)
+# returns None, or a source with a ``profile`` (checks.check_profile's) and ``batches(index, columns)``.
+DIRECT_SOURCES = (parquet_source.plan,)
+
+
+def prepare(files, started, *, data, model, features, label, epochs, batch_size, num_workers, steps_per_epoch, seed,
+            shuffle, shuffle_buffer, tf_threads, callbacks, checkpoint_dir, stall_timeout, allow_unencrypted, use_gpu,
+            tensorboard_dir, env, validation_data, validation_split, validation_freq, sample_weight, class_weight,
+            save_to, save_best, save_mode, steps_per_execution, exchange, communication, checkpoint_every):
+    """(the DataFrame of the fit's barrier stage, its FitJob), from fit's arguments, its files going to
+    ``files`` (transfer.JobFiles). Everything is checked here, before any Spark job but the data's profile."""
+    data = checks.spark_dataframe(data)
+    num_workers = checks.positive_int("num_workers", num_workers)
+    requested, communication = exchanges.requested(exchange, checks.communication(communication))
+    training = _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer,
+                                steps_per_execution, communication, stall_timeout, tensorboard_dir, class_weight)
+    layout = features_layout(data.schema, features, label, weight=sample_weight)
+    validation_data, held_out_and_saved = _validation_and_saving(
+        validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
+    spark = data.sparkSession
+    spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
+                                     named=layout.named)
+    native = getattr(spec, "native", False)
+    if native:
+        native_model.check_options(**{"class_weight with a label per output": (
+            class_weight if layout.outputs else None, "give a sample_weight column instead")})
+    encrypted = tls.required(spark) and not allow_unencrypted
+
+    def exchange_for(gpus_per_worker):  # chosen once, when the GPUs per worker are known
+        return exchanges.choose(requested, communication, native=native, encrypted=encrypted,
+                                gpus_per_worker=gpus_per_worker)
+
+    callbacks = checks.callbacks_function(callbacks)
+    checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
+    checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
+    basics, chosen, gpus_per_worker = preflight.job_basics(spark, env, use_gpu, num_workers, allow_unencrypted,
+                                                           started, tf_threads, exchange_for)
+    gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
+    memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers, chosen)
+    frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
+    job = FitJob(model=spec, layout=layout, source=source,
+                 callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
+                 checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), exchange=chosen,
+                 **training, **held_out_and_saved, **basics)
+    return frame, job
+
+
+def check_replicas(results):
+    """Refuse a fit whose workers ended with different weights (their checksums differ): every worker must
+    hold the one trained model, or none is it."""
+    checksums = [result.output.checksum for result in results]
+    if len(set(checksums)) > 1:
+        apart = ", ".join(f"worker {i}: {checksum}" for i, checksum in enumerate(checksums))
+        raise ReplicasDivergedError(
+            f"the workers ended with different weights ({apart}), so no one model is the trained one: every "
+            "weight must be updated through model.optimizer (a custom train_step that updates some other way, "
+            "or a callback that changes one worker's weights, makes the replicas drift apart)", checksums)
+
+
+def train(frame, job, model, files, num_workers, staging, tracked):
+    """Run the fit's stage (tracked in MLflow when ``tracked``) and make its FitResult."""
+    submitted, spark = time.time(), frame.sparkSession
+    params = tracking.fit_params(job, num_workers=num_workers, max_retries=staging["max_retries"],
+                                 timeout=staging["timeout"], spark_master=cluster.master(spark)) if tracked else None
+    with tracking.fit_run(tracked, params, model, job.batch_size) as run:
+        results, attempts, events = stage.run(frame, job, num_workers, files, global_batch=job.batch_size,
+                                              on_progress=run.on_progress, **staging)
+        check_replicas(results)
+        trained = job.model.trained_model(model, job.decode(results, files))
+        result = FitResult.from_workers(trained, results, attempts, events, job.started_at, submitted, time.time())
+        run.log_result(result)
+    result.mlflow_run_id = run.run_id
+    return result
+
+
+def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer, steps_per_execution,
+                     communication, stall_timeout, tensorboard_dir, class_weight):
+    """fit's plain training arguments, checked, as FitJob fields."""
+    seed = None if seed is None else int(seed)
+    return {"epochs": checks.positive_int("epochs", epochs), "batch_size": checks.positive_int("batch_size", batch_size),
+            "steps_per_epoch": checks.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True),
+            "seed": seed, "data_seed": random.randrange(2**31) if seed is None else seed,  # the same on every attempt
+            "shuffle": bool(shuffle), "shuffle_buffer": checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True),
+            "steps_per_execution": checks.steps_per_execution(steps_per_execution),
+            "communication": checks.communication(communication),
+            "stall_timeout": checks.positive_seconds("stall_timeout", stall_timeout),
+            "tensorboard_dir": checks.directory("tensorboard_dir", tensorboard_dir),
+            "class_weight": checks.class_weights(class_weight)}
+
+def _validation_and_saving(validation_data, validation_split, validation_freq, features, label, sample_weight,
+                           save_to, save_best, save_mode):
+    """(validation_data checked, fit's validation and saving arguments checked, as FitJob fields)."""
+    validation_data, validation_split, validation_freq = checks.validation_arguments(
+        validation_data, validation_split, validation_freq, features, label, sample_weight)
+    save_to, save_best, save_mode = checks.save_arguments(
+        save_to, save_best, save_mode, validates(validation_data is not None, validation_split))
+    return validation_data, {"has_validation_column": validation_data is not None,
+                             "validation_split": validation_split, "validation_freq": validation_freq,
+                             "save_to": save_to, "save_best": save_best, "save_mode": save_mode}
+
+def _training_frame(data, layout, num_workers, input_shape, validation_data=None):
+    """(the DataFrame of the barrier stage, the direct source its tasks read (DIRECT_SOURCES) or None), once the
+    data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
+    its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
+    pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
+    empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, in one
+    shuffle (_with_validation_rows)."""
+    frame = data.select(*layout.projection(data.sparkSession))
+    partitions = cluster.num_partitions(frame)
+    source = None if validation_data is not None else _direct_source(frame, partitions, layout, num_workers)
+    profile = source.profile if source else checks.profile(frame, layout)
+    checks.check_profile(profile, layout, num_workers, input_shape)
+    if source:
+        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
+    keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
+    if validation_data is not None:
+        return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None
+    return (frame if keep else frame.repartition(num_workers)), None
+
+def _direct_source(frame, partitions, layout, num_workers):
+    """The first of DIRECT_SOURCES that can read ``frame`` without Spark, else None."""
+    return next((source for source in (plan(frame, partitions, layout, num_workers) for plan in DIRECT_SOURCES)
+                 if source is not None), None)
+
+def _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape):
+    """The training rows and validation_data's in one DataFrame of ``num_workers`` partitions (one
+    shuffle). Each side keeps its own partitioning when it has ``num_workers`` partitions (the
+    training data's ``keep``; validation_data's may be empty or uneven: every worker validates
+    however few rows it has); otherwise each of its partitions is dealt round-robin to the workers."""
+    from pyspark.sql import functions as F
+
+    held = validation_data.select(*layout.projection(validation_data.sparkSession))
+    held = held.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
+    checks.check_profile(checks.profile(held, layout), layout, 1, input_shape, what="validation_data")
+    keys = cluster.partition_keys(frame.sparkSession, num_workers)
+    placed = [cluster.with_partition_key(part, PARTITION_KEY, keys, kept).withColumn(VALIDATION_COLUMN, F.lit(flag))
+              for part, kept, flag in ((frame, keep, False),
+                                       (held, cluster.num_partitions(held) == num_workers, True))]
+    return placed[0].unionByName(placed[1]).repartition(num_workers, PARTITION_KEY).drop(PARTITION_KEY)

@@ -1,0 +1,250 @@
+"""What a training process needs in memory, and what its executor can give it: ``fit`` refuses a model
+that cannot fit, naming the numbers, instead of letting the kernel's OOM killer or a container's limit
+end the job (or the machine) mid-way.
+
+A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the
+model's weights, their gradients, the all-reduced pieces of the gradients and their joined sums (the
+exchange's ``step_copies`` of the trainable weights; under MultiWorkerMirroredStrategy as many again of the
+first SMALL_MODEL_BYTES, which TensorFlow's allocator keeps once it has them there: the exchange's
+``small_model_copies``), the optimizer's slots (none for plain SGD, one copy
+of the trainable weights with momentum, two for Adam...: their updates' temporaries fit in what the
+step holds anyway), and each layer's output on a batch, kept for the backward pass with its gradient
+(ACTIVATION_COPIES). The constants come from the peaks of real 2-worker fits
+(bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
+momentum and Adam; the strategy's at ec8e299, the ring's at 63fde93); bench/README.md has the estimate
+beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
+
+What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
+the machine's available memory shared by every worker, less a tenth of the machine (HEADROOM: the
+kernel counts as available the page cache that running TensorFlow and the JVM read their code from,
+and the estimate can be 5% under a peak; two workers of a 400 M model, each estimated within its share
+of the rest, were ended by the OOM killer on a 24 GiB machine); with ``spark.executor.pyspark.memory``, that
+share of each executor; on YARN and Kubernetes, whose containers hold the executor's memory overhead
+besides its heap, that overhead (``spark.executor.memoryOverhead``) plus the PySpark memory. Elsewhere
+(a standalone cluster) the training process checks on its host before its first step, once it knows
+how many workers share the host. ``spark.tfbarrier.memoryCheck=false`` turns both checks off.
+"""
+
+import dataclasses
+import math
+import re
+
+from tfbarrier import exchange as exchanges
+from tfbarrier.errors import ModelError
+from tfbarrier.exchange.strategy import inner_optimizer
+from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
+
+MIB = 2**20
+TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
+DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
+SMALL_MODEL_BYTES = 128 * MIB  # the strategy's step keeps as many copies again of this much of the weights
+ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
+HEADROOM = 0.1  # of a host's memory, kept from the workers' share (see above)
+HEADROOM_SAID = "(a tenth of its memory kept for the code that runs and the kernel)"
+
+
+def optimizer_slots(optimizer):
+    """Copies of each trainable weight ``optimizer`` (Keras 3 or tf_keras) keeps."""
+    optimizer = inner_optimizer(optimizer)
+    name = type(optimizer).__name__
+    try:
+        config = optimizer.get_config()
+    except Exception:  # noqa: BLE001 - a custom optimizer: the default guess
+        config = {}
+    momentum = 1 if float(config.get("momentum") or 0) > 0 else 0
+    if name == "SGD":
+        return momentum
+    if name in ("Adam", "AdamW", "Nadam"):
+        return 2 + (1 if config.get("amsgrad") else 0)
+    if name == "RMSprop":
+        return 1 + momentum + (1 if config.get("centered") else 0)
+    known = {"Adagrad": 1, "Adamax": 2, "Adadelta": 2, "Ftrl": 2, "Lion": 1, "Lamb": 2, "Adafactor": 1}
+    return known.get(name, DEFAULT_SLOTS)
+
+
+def _bytes(variables):
+    import numpy as np
+
+    return sum(int(np.prod([int(d) for d in v.shape], dtype=np.int64)) * np.dtype(getattr(v.dtype, "name", v.dtype)).itemsize
+               for v in variables)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """A model's bytes as a training process holds them."""
+
+    weights: int  # every variable
+    trainable: int  # the trainable ones: each has a gradient and the optimizer's slots
+    slots: int  # the optimizer's copies of each trainable weight
+    optimizer: str
+    inputs: int = 0  # bytes of a sample's inputs
+    activations: int = 0  # bytes of a sample's layer outputs (0 where the model does not tell them)
+    exchange: object = None  # how its gradients travel (an Exchange); None: tfbarrier's ring, the default
+
+    @classmethod
+    def of(cls, model, exchange=None):
+        optimizer = getattr(model, "optimizer", None)
+        return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
+                   slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
+                   inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
+                   exchange=exchange)
+
+    def parts(self, rows):
+        """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
+        exchange = self.exchange or exchanges.named("tfbarrier")
+        small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
+        step = exchange.step_copies * (self.trainable + small)
+        return {"TensorFlow": TENSORFLOW_BYTES,
+                "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
+                f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
+                "a batch's layer outputs": int(ACTIVATION_COPIES * self.activations * rows),
+                "a batch": self.inputs * rows}
+
+    def worker_bytes(self, rows):
+        return sum(self.parts(rows).values())
+
+    def describe(self, rows):
+        parts = ", ".join(f"{name} {_gb(value)}" for name, value in self.parts(rows).items() if value)
+        return f"{_gb(self.worker_bytes(rows))} ({parts})"
+
+
+def _values(tensors):
+    """Values per sample of symbolic ``tensors`` (Keras 3 or tf_keras), those of unknown shape left out."""
+    total = 0
+    for tensor in tensors:
+        shape = tuple(getattr(tensor, "shape", None) or ())[1:]
+        if shape and None not in shape:
+            total += math.prod(int(d) for d in shape)
+    return total
+
+
+def _activations(model):
+    """Values per sample of the outputs of ``model``'s layers, nested models' layers included."""
+    total = 0
+    for layer in getattr(model, "layers", None) or []:
+        if getattr(layer, "layers", None):
+            total += _activations(layer)
+            continue
+        if type(layer).__name__ == "InputLayer":
+            continue
+        try:
+            output = layer.output  # raises for a layer called more than once, or never
+        except (AttributeError, ValueError, RuntimeError):
+            continue
+        total += _values(_flatten(output))
+    return total
+
+
+def _flatten(structure):
+    if isinstance(structure, dict):
+        return [t for value in structure.values() for t in _flatten(value)]
+    if isinstance(structure, (list, tuple)):
+        return [t for value in structure for t in _flatten(value)]
+    return [structure]
+
+
+def _gb(value):
+    if value >= 2**30:
+        return f"{value / 2**30:.2f} GB"
+    return f"{value / MIB:.0f} MB" if value >= MIB else f"{value / 1024:.0f} KB"
+
+
+def parse_size(text, default_unit="m"):
+    """Bytes of a Spark memory setting ("4g", "512m", "1024": mebibytes unless it says)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)i?b?\s*", str(text).lower())
+    if not match:
+        raise ValueError(f"not a memory size: {text!r}")
+    unit = match.group(2) or default_unit
+    return int(float(match.group(1)) * 1024 ** " kmgtp".index(unit))
+
+
+def _meminfo():
+    """/proc/meminfo's fields in bytes ({} where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.rstrip().endswith("kB")}
+    except OSError:
+        return {}
+
+
+def usable_bytes():
+    """What the workers on this host may share: its available memory less HEADROOM of its memory, or
+    None where it cannot be read."""
+    info = _meminfo()
+    if "MemAvailable" not in info or "MemTotal" not in info:
+        return None
+    return max(0, info["MemAvailable"] - int(HEADROOM * info["MemTotal"]))
+
+
+def enabled(conf_get):
+    return switched_on(conf_get, MEMORY_CHECK_CONF)
+
+
+def executor_budget(spark, num_workers):
+    """(bytes each worker can have, where that comes from, what to change) as far as the driver can
+    tell, else None."""
+    from tfbarrier.spark import cluster
+
+    conf = spark.conf
+    master = cluster.master(spark)
+    pyspark_memory = conf.get("spark.executor.pyspark.memory", None)
+    cores = int(conf.get("spark.executor.cores", "1") or 1)
+    task_cpus = int(float(conf.get("spark.task.cpus", "1") or 1))
+    tasks_per_executor = max(1, cores // max(1, task_cpus))
+    if master.startswith(("yarn", "k8s://")):
+        heap = parse_size(conf.get("spark.executor.memory", "1g"))
+        factor = float(conf.get("spark.executor.memoryOverheadFactor", "0.1"))
+        overhead = conf.get("spark.executor.memoryOverhead", None)
+        budget = parse_size(overhead) if overhead else max(384 * MIB, int(factor * heap))
+        budget += parse_size(pyspark_memory) if pyspark_memory else 0
+        return (budget // tasks_per_executor,
+                f"each executor's container holds {_gb(budget)} besides the JVM heap (memory overhead"
+                f"{' and PySpark memory' if pyspark_memory else ''}) for {tasks_per_executor} task(s)",
+                "raise spark.executor.memoryOverhead (training processes live outside the JVM's heap)")
+    if pyspark_memory:
+        budget = parse_size(pyspark_memory)
+        return (budget // tasks_per_executor,
+                f"spark.executor.pyspark.memory is {pyspark_memory} for {tasks_per_executor} task(s) per executor",
+                "raise spark.executor.pyspark.memory")
+    if cluster.on_this_machine(master):
+        usable = usable_bytes()
+        if usable is None:
+            return None
+        return (usable // num_workers,
+                f"this machine has {_gb(usable)} available for {num_workers} workers {HEADROOM_SAID}",
+                "use fewer workers (num_workers), a smaller model or batch, or a machine with more memory")
+    return None
+
+
+def check_on_driver(spark, size, rows, num_workers, exchange=None):
+    """Refuse, before the stage, a model whose workers cannot fit where the driver can tell, its gradients
+    travelling by ``exchange`` (None: tfbarrier's ring)."""
+    if size is None or not enabled(spark.conf.get):
+        return
+    budget = executor_budget(spark, num_workers)
+    if budget is None:
+        return
+    can_have, why, fix = budget
+    _refuse_over(dataclasses.replace(size, exchange=exchange), rows, can_have, why, fix)
+
+
+def check_on_host(size, rows, workers_on_host, already_held):
+    """In a training process with its model built: refuse to start training when the rest of what it
+    needs (what it does not hold yet, ``already_held`` bytes past TensorFlow being there) is more than
+    its share of the host's available memory."""
+    usable = usable_bytes()
+    if usable is None:
+        return
+    share = usable // max(1, workers_on_host) + already_held
+    _refuse_over(size, rows, share + TENSORFLOW_BYTES,
+                 f"this host has {_gb(usable)} available for the {workers_on_host} worker(s) on it {HEADROOM_SAID}",
+                 "use fewer workers per host, a smaller model or batch, or hosts with more memory")
+
+
+def _refuse_over(size, rows, can_have, why, fix):
+    need = size.worker_bytes(rows)
+    if need > can_have:
+        raise ModelError(
+            f"each training process needs about {size.describe(rows)}, but can have about {_gb(can_have)}: "
+            f"{why}. To fit: {fix}; or set {MEMORY_CHECK_CONF}=false to try anyway"
+        )

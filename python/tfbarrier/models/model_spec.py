@@ -1,0 +1,356 @@
+"""The model as files: made on the driver, rebuilt inside ``strategy.scope()`` in every worker.
+
+A model reaches ``fit`` in one of two forms:
+
+- a compiled Keras model object (Keras 3 or tf_keras): it travels as its JSON config, its compile
+  config and a file of its current weights, and is rebuilt with tf_keras in the worker
+  (``keras_compat``); the chief's trained weights come back in a file of the same kind, loaded into a
+  clone of the user's model, in the user's Keras;
+- a zero-argument function returning a compiled model: it travels cloudpickled, as a file, and is
+  called in the worker (where ``tf.keras`` is tf_keras); the trained model comes back as the chief's
+  tf_keras ``.keras`` archive.
+
+The files are transfer.Payloads: they go to the tasks outside Spark (transfer.py). A weights file is in
+the safetensors layout (an 8-byte header length, a JSON header naming each array's dtype, shape and
+byte range, then the raw values), one array per variable in the order of ``model.weights``; it is
+written and read a variable at a time, and read in slices of at most WEIGHTS_CHUNK bytes, so that
+no side holds a second copy of the model.
+
+Nothing here imports TensorFlow at module import time.
+"""
+
+import dataclasses
+import json
+import os
+import struct
+import tempfile
+
+import cloudpickle
+import numpy as np
+
+from tfbarrier.errors import ModelError
+from tfbarrier.exchange import strategy as communication
+from tfbarrier.models import keras_compat
+from tfbarrier.spark.job import pickle_user_code
+
+FUNCTION_HINT = (
+    "pass a function that builds and compiles the model instead, e.g. "
+    "fit(df, lambda: build_model(), ...)"
+)
+WEIGHTS_FILE = "model.safetensors"  # the model's weights, as the driver sends them
+BUILDER_FILE = "model-function.pkl"  # the model function, cloudpickled
+WEIGHTS_CHUNK = 16 * 2**20  # bytes of a variable read and assigned at a time
+_SAFETENSORS_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
+                       "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64", "float16": "F16",
+                       "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
+_NUMPY_DTYPES = {code: name for name, code in _SAFETENSORS_DTYPES.items()}
+
+
+def keras_flavor(model):
+    """"keras3" or "tf_keras" for a Keras model object, None for anything else."""
+    for cls in type(model).__mro__:
+        module = cls.__module__ or ""
+        if module.startswith("tf_keras"):
+            return "tf_keras"
+        if module.startswith("keras"):
+            return "keras3"
+    return None
+
+
+def keras_module(flavor):
+    """The module of Keras ``flavor``: keras (Keras 3) or tf_keras."""
+    if flavor == "tf_keras":
+        import tf_keras
+
+        return tf_keras
+    import keras
+
+    return keras
+
+
+def save_archive(model):
+    """The model as ``.keras`` archive bytes (in its own Keras)."""
+    with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _dtype_name(variable):
+    return getattr(variable.dtype, "name", variable.dtype)
+
+
+def write_weights(variables, path=None):
+    """Write ``variables`` (Keras 3 or tf_keras) to ``path`` as a weights file (see the module), reading
+    one at a time; returns a hex digest of the file's content, its header (dtypes, shapes) and every value
+    (equal on two replicas only if every value is).
+    ``path`` None: the digest only. Every worker of a fit must read its variables in the same order: a
+    variable synchronized on read (BatchNormalization's moving statistics) is all-reduced when read."""
+    import hashlib
+
+    variables = list(variables)
+    header, offset = {"__metadata__": {"format": "tfbarrier", "order": "model.weights"}}, 0
+    for i, variable in enumerate(variables):
+        dtype, shape = _dtype_name(variable), [int(d) for d in variable.shape]
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise ModelError(f"weight {getattr(variable, 'path', variable.name)} has dtype {dtype}, which tfbarrier "
+                             "cannot ship: " + FUNCTION_HINT)
+        size = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        header[f"{i:05d}"] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as safetensors writers do
+    digest = hashlib.sha256(encoded)
+    with open(path or os.devnull, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded)
+        for variable in variables:
+            for values in _values_in_slices(variable):
+                values = memoryview(np.ascontiguousarray(values)).cast("B")
+                digest.update(values)
+                f.write(values)
+    return digest.hexdigest()
+
+
+def _rows_per_slice(shape, dtype):
+    """Rows of its first dimension in a slice of at most WEIGHTS_CHUNK bytes of a weight of ``shape``
+    and ``dtype``; None when the weight fits in one."""
+    row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+    if not shape or shape[0] * row_bytes <= WEIGHTS_CHUNK:
+        return None
+    return max(1, WEIGHTS_CHUNK // max(1, row_bytes))
+
+
+def _values_in_slices(variable):
+    """``variable``'s values as arrays of at most WEIGHTS_CHUNK bytes (rows of its first dimension), so
+    that a large weight is not copied whole beside what TensorFlow's allocator already holds."""
+    shape = [int(d) for d in variable.shape]
+    rows = _rows_per_slice(shape, np.dtype(_dtype_name(variable)))
+    if rows is None:
+        yield variable.numpy()
+        return
+    for first in range(0, shape[0], rows):
+        yield np.asarray(variable[first:first + rows])
+
+
+def _read_header(f):
+    (length,) = struct.unpack("<Q", f.read(8))
+    header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return sorted(header.values(), key=lambda entry: entry["data_offsets"][0]), 8 + length
+
+
+def read_weights(path, variables, writable=lambda variable: [variable]):
+    """Assign the weights file at ``path`` to ``variables`` in order, in slices of at most
+    WEIGHTS_CHUNK bytes (a variable's first dimension is sliced); ``writable(variable)`` gives the
+    tf.Variables to assign to (a distributed variable's local components)."""
+    variables = list(variables)
+    with open(path, "rb") as f:
+        entries, start = _read_header(f)
+        if len(entries) != len(variables):
+            raise ModelError(f"the weights file has {len(entries)} arrays but the model has {len(variables)} "
+                             "weights: the model rebuilt from its config differs from the one passed in; " + FUNCTION_HINT)
+        for variable, entry in zip(variables, entries):
+            shape, dtype = tuple(entry["shape"]), np.dtype(_NUMPY_DTYPES[entry["dtype"]])
+            if tuple(variable.shape) != shape:
+                raise ModelError(f"weight {variable.name} has shape {tuple(variable.shape)} in the rebuilt model but "
+                                 f"{shape} in the model passed in; " + FUNCTION_HINT)
+            f.seek(start + entry["data_offsets"][0])
+            for target in writable(variable):
+                _assign_in_slices(target, f, shape, dtype)
+                f.seek(start + entry["data_offsets"][0])
+
+
+def _assign_in_slices(variable, f, shape, dtype):
+    """Read ``variable``'s values from ``f`` and assign them, at most WEIGHTS_CHUNK bytes at a time."""
+    rows = _rows_per_slice(shape, dtype)
+    if rows is None:
+        values = np.empty(shape, dtype)
+        f.readinto(memoryview(values).cast("B"))
+        variable.assign(values)
+        return
+    for first in range(0, shape[0], rows):
+        values = np.empty((min(rows, shape[0] - first), *shape[1:]), dtype)
+        f.readinto(memoryview(values).cast("B"))
+        _assign_rows(variable, first, values)
+
+
+def _assign_rows(variable, first, values):
+    """``variable[first:first + len(values)] = values`` in place. ``variable[...].assign`` reads the
+    variable's value first, and writing while that read is alive copies the whole variable."""
+    handle = getattr(variable, "handle", None)
+    if handle is None:  # not a tf.Variable (Keras 3 on another backend)
+        variable[first:first + len(values)].assign(values)
+        return
+    import tensorflow as tf
+
+    tf.raw_ops.ResourceStridedSliceAssign(ref=handle, begin=[first], end=[first + len(values)], strides=[1],
+                                          value=values)
+
+
+def _with_zeros(layer):
+    """A copy of ``layer`` whose weights start as zeros: read_weights overwrites them all, and the
+    layers' own initializers' temporaries (twice the weights) would stay in TensorFlow's allocator."""
+    return layer.__class__.from_config(keras_compat.zeros_initializers(layer.get_config()))
+
+
+def tf_variable(variable):
+    """The tf.Variable holding a Keras variable's value (Keras 3 wraps one), to assign slices to."""
+    inner = getattr(variable, "value", None)
+    return inner if hasattr(inner, "assign") and hasattr(inner, "__getitem__") and not callable(inner) else variable
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """Everything a worker needs to rebuild the model: plain data and Payloads, pickled into the job."""
+
+    flavor: str  # "keras3" / "tf_keras" for model objects, "function" for a builder function
+    model_json: str = None
+    compile_config: dict = None
+    weights: object = None  # transfer.Payload of WEIGHTS_FILE
+    builder: object = None  # transfer.Payload of BUILDER_FILE
+    input_shape: tuple = None  # per-sample input shape, when known on the driver
+    size: object = None  # memory.ModelSize: what the model takes in a worker, when known on the driver
+
+    # ---- driver side -------------------------------------------------------------------------
+    @classmethod
+    def from_model(cls, model, files):
+        """The spec of ``model``, its files added to ``files`` (a transfer.JobFiles)."""
+        flavor = keras_flavor(model)
+        if flavor is not None:
+            return cls._from_keras_object(model, flavor, files)
+        if callable(model):
+            try:
+                builder = pickle_user_code(model, model)
+            except Exception as exc:
+                raise ModelError(
+                    f"the model function cannot be pickled ({type(exc).__name__}: {exc}); define it at "
+                    "module level or in __main__, without references to open files, sessions or locks"
+                ) from exc
+            return cls(flavor="function", builder=files.add_bytes(BUILDER_FILE, builder))
+        raise ModelError(
+            f"model must be a compiled Keras model or a function returning one, got {type(model).__name__}"
+        )
+
+    @classmethod
+    def _from_keras_object(cls, model, flavor, files):
+        from tfbarrier.models import memory
+
+        config = cls._config_of(model)
+        return cls(flavor=flavor, **config, weights=files.add(WEIGHTS_FILE, lambda path: write_weights(model.weights, path)),
+                   size=memory.ModelSize.of(model))
+
+    @staticmethod
+    def _config_of(model):
+        """{model_json, compile_config, input_shape} of a Keras model object; ModelError when it has
+        no compile config, several inputs, or no config."""
+        if getattr(model, "optimizer", None) is None:
+            raise ModelError(
+                "the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
+                "before fit()"
+            )
+        input_shape = getattr(model, "input_shape", None)
+        if isinstance(input_shape, list) or not isinstance(input_shape, tuple):
+            raise ModelError(
+                f"only models with one input tensor are supported (input shape {input_shape!r}); "
+                + FUNCTION_HINT
+            )
+        try:
+            model_json, compile_config = model.to_json(), model.get_compile_config()
+        except Exception as exc:
+            raise ModelError(
+                f"the model cannot be serialised through its config ({type(exc).__name__}: {exc}); "
+                "subclassed models and custom layers cannot travel as a config: " + FUNCTION_HINT
+            ) from exc
+        return {"model_json": model_json, "compile_config": compile_config, "input_shape": tuple(input_shape[1:])}
+
+    @classmethod
+    def untranslatable(cls, model):
+        """Why tf_keras cannot rebuild the Keras 3 model object ``model`` (a ModelError), or None."""
+        try:
+            cls(flavor="keras3", **cls._config_of(model)).check_loadable()
+        except ModelError as exc:
+            return exc
+        except Exception as exc:  # noqa: B902 - a subclassed model's input_shape may raise anything
+            return ModelError(f"{type(exc).__name__}: {exc}")
+        return None
+
+    def check_loadable(self):
+        """Build the worker's tf_keras model once on the driver, so an untranslatable model fails
+        here instead of in every task. It is built in a graph of its own, which allocates no weights.
+        Skipped where tf_keras is not installed on the driver."""
+        if self.flavor == "function":
+            return
+        try:
+            import tensorflow as tf
+            import tf_keras  # noqa: F401
+        except ImportError:
+            return
+        logger, level = tf.get_logger(), tf.get_logger().level
+        logger.setLevel("ERROR")  # graph mode's deprecation notices
+        try:
+            with tf.Graph().as_default():
+                self._model_from_config()
+            keras_compat.compile_kwargs(self.compile_config)
+        except Exception as exc:
+            raise ModelError(
+                f"the model's config cannot be loaded by tf_keras, which trains it on the workers "
+                f"({type(exc).__name__}: {exc}); " + FUNCTION_HINT
+            ) from exc
+        finally:
+            logger.setLevel(level)
+
+    def trained_model(self, original, path):
+        """The trained model on the driver from the chief's file at ``path``: a clone of ``original``
+        with the trained weights (same Keras as the user's), or the tf_keras model of the chief's
+        archive (a model function)."""
+        if self.flavor == "function":
+            return keras_module("tf_keras").models.load_model(path)
+        keras = keras_module(self.flavor)
+        model = keras.models.clone_model(original, clone_function=_with_zeros)
+        read_weights(path, model.weights, lambda variable: [tf_variable(variable)])
+        # As the user compiled it, with a fresh optimizer whose slots are made when it first trains:
+        # compile_from_config would build them now (zeros: two more copies of the weights for Adam).
+        model.compile(**keras.saving.deserialize_keras_object(original.get_compile_config()))
+        return model
+
+    # ---- worker side (inside strategy.scope(), TF_USE_LEGACY_KERAS=1) -----------------------
+    def build(self, workdir, strategy=None):
+        """A compiled tf_keras model with the driver's initial weights (or the function's model); the
+        payloads are in ``workdir``. ``strategy``: the distribution strategy whose local copies of each
+        variable get the weights."""
+        if self.flavor == "function":
+            with open(self.builder.path(workdir), "rb") as f:
+                model = cloudpickle.load(f)()
+            if getattr(model, "optimizer", None) is None:
+                raise ModelError("the model function returned an uncompiled model: compile it before returning")
+            if keras_flavor(model) != "tf_keras":
+                raise ModelError(
+                    "the model function built a Keras 3 model; inside tfbarrier workers build it with "
+                    "tf.keras (tf_keras), e.g. `import tensorflow as tf; tf.keras.Sequential(...)`"
+                )
+            return model
+        local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
+        with communication.initial_values_local(strategy):  # every worker reads the same weights next
+            # Zeros, not the layers' initializers: read_weights overwrites every weight, and a random
+            # initializer's temporaries (twice the weights) would stay in TensorFlow's allocator.
+            model = self._model_from_config(zeros=True)
+            model.compile(**keras_compat.compile_kwargs(self.compile_config))
+            read_weights(self.weights.path(workdir), model.weights, local)
+        return model
+
+    def _model_from_config(self, zeros=False):
+        import tf_keras
+
+        config = keras_compat.to_tf_keras(json.loads(self.model_json))
+        if zeros:
+            config = keras_compat.zeros_initializers(config)
+        return tf_keras.models.model_from_json(json.dumps(config))
+
+    def rebuilt_in_users_keras(self):
+        """The model in the user's Keras (Keras 3 or tf_keras) from its config, compiled as the user
+        compiled it: what the chief saves for fit(save_to=) (not for a model function), built outside
+        the strategy's scope."""
+        model = keras_module(self.flavor).models.model_from_json(self.model_json)
+        model.compile_from_config(self.compile_config)
+        return model

@@ -1,0 +1,199 @@
+"""A Keras 3 model that trains as it is, in Keras 3 ("native"), instead of translated into tf_keras.
+
+The path a Keras 3 model object takes is chosen on the driver (``spec_for_fit``): translated when
+tf_keras can rebuild it (model_spec.py), native when it cannot (a custom layer, a subclassed model), or
+as ``spark.tfbarrier.keras3Training`` says ("translated", "native"; "auto" by default). Either trains
+over tfbarrier's ring (ring_training.py) unless a translated fit asks for the strategy.
+
+A native model travels as its ``.keras`` archive (config, compile config, weights, optimizer state)
+and the user's own objects the archive names (custom layers, a subclassed model's class, a loss
+function), cloudpickled: the training processes cannot import a script's classes. It trains in
+native_training.py; the chief's trained archive comes back and is loaded with the same objects.
+
+Nothing here imports TensorFlow or Keras at module import time.
+"""
+
+import dataclasses
+import os
+
+import cloudpickle
+
+from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.models.model_spec import ModelSpec, keras_flavor, save_archive
+from tfbarrier.spark.job import pickle_user_code
+
+ARCHIVE_FILE = "model.keras"  # the model as the driver sends it
+OBJECTS_FILE = "custom-objects.pkl"  # {name: the user's class or function}, cloudpickled
+PATHS = ("auto", "native", "translated")
+NOT_YET = "for a Keras 3 model that trains natively (custom layers, subclassed models) tfbarrier does not " \
+          "support {what} yet: {fix}"
+
+
+def spec_for_fit(model, files, path="auto", named=False):
+    """The spec of the model ``fit`` got, its files added to ``files``: a NativeModel for a Keras 3
+    model object that trains natively (always, with inputs or outputs ``named`` by features= or label=),
+    else a ModelSpec checked to rebuild in tf_keras."""
+    path = str(path).strip().lower()
+    if path not in PATHS:
+        raise InvalidArgumentError(f"spark.tfbarrier.keras3Training is {path!r}: set it to one of {', '.join(PATHS)}")
+    if named and (keras_flavor(model) != "keras3" or path == "translated"):
+        raise ModelError("features= or label= as a dict (one column per model input or output) needs a Keras 3 "
+                         "model that trains natively: build it with keras (Keras 3), and leave "
+                         "spark.tfbarrier.keras3Training at auto")
+    if keras_flavor(model) == "keras3" and path != "translated":
+        if path == "native" or named or ModelSpec.untranslatable(model) is not None:
+            return NativeModel.from_model(model, files)
+        return ModelSpec.from_model(model, files)  # untranslatable() checked it
+    spec = ModelSpec.from_model(model, files)
+    spec.check_loadable()
+    return spec
+
+
+def check_options(**options):
+    """Refuse, on the driver, a fit option the native path does not have yet (``options``: name to
+    (value given, what to do instead))."""
+    for name, (value, fix) in options.items():
+        if value:
+            raise InvalidArgumentError(NOT_YET.format(what=name, fix=fix))
+
+
+def _keras_own(obj):
+    module = getattr(obj, "__module__", None) or ""
+    return module.split(".")[0] in ("keras", "keras_hub", "tf_keras", "tensorflow", "builtins", "numpy")
+
+
+def _compiled_objects(model):
+    """The loss, metrics and optimizer ``model`` was compiled with (and its learning rate's schedule):
+    functions, classes and their instances."""
+    metrics = getattr(model, "_compile_metrics", None)
+    optimizer = getattr(model, "optimizer", None)
+    found, pending = [], [getattr(model, "loss", None), getattr(metrics, "_user_metrics", None),
+                          getattr(metrics, "_user_weighted_metrics", None), optimizer,
+                          getattr(optimizer, "_learning_rate", None)]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif item is not None and not isinstance(item, (str, int, float)):
+            found.append(item if isinstance(item, type) or hasattr(item, "__code__") else type(item))
+    return found
+
+
+def _registered_and_named(model):
+    """The objects registered with ``keras.saving.register_keras_serializable`` whose name ``model``'s
+    config or compile config uses (KerasHub registers hundreds: the executors need import only these)."""
+    import json
+
+    import keras
+
+    registered = keras.saving.get_custom_objects()
+    try:
+        text = model.to_json() + json.dumps(model.get_compile_config(), default=str)
+    except Exception:  # noqa: B902 - a config that does not serialise: ship them all
+        return dict(registered)
+    return {name: obj for name, obj in registered.items() if f'"{name}"' in text}
+
+
+def custom_objects(model):
+    """{name the archive uses: object} for every class and function of the user's own that
+    ``model``'s archive names (its layers' and its own classes, its loss, metrics and optimizer), and
+    those registered with ``keras.saving.register_keras_serializable`` that it names."""
+    import keras
+
+    objects = _registered_and_named(model)
+    candidates = [type(layer) for layer in model._flatten_layers(include_self=True)] + _compiled_objects(model)
+    for obj in candidates:
+        if not _keras_own(obj):
+            objects[keras.saving.get_registered_name(obj)] = obj
+            objects[obj.__name__] = obj
+    return objects
+
+
+def pickled_custom_objects(model):
+    """``custom_objects(model)``, cloudpickled: the user's own modules go by value (job.pickle_user_code)."""
+    objects = custom_objects(model)
+    try:
+        return pickle_user_code(objects, *objects.values())
+    except Exception as exc:
+        raise ModelError(f"the model's own classes and functions cannot be pickled ({type(exc).__name__}: "
+                         f"{exc}); define them at module level, without references to open files or sessions") from exc
+
+
+def input_shape_of(model):
+    """The per-sample shape of the model's input, or {input name: shape} for a model of several inputs
+    (keras.Input's names); None when unknown (a subclassed model not yet called, or called on a dict)."""
+    try:
+        inputs = list(model.inputs)
+    except (AttributeError, ValueError, TypeError):  # a subclassed model has no symbolic inputs
+        inputs = []
+    if len(inputs) > 1:
+        return {tensor.name: tuple(tensor.shape[1:]) for tensor in inputs}
+    try:
+        shape = model.input_shape
+    except (AttributeError, ValueError):  # a subclassed model has no symbolic input: the shape it was built for
+        built = getattr(model, "_build_shapes_dict", None) or {}
+        shape = next(iter(built.values())) if len(built) == 1 else None
+    if shape is None:
+        return None
+    if not isinstance(shape, tuple) or (shape and isinstance(shape[0], (tuple, list))):
+        return None
+    return tuple(shape[1:])
+
+
+@dataclasses.dataclass
+class NativeModel:
+    """A Keras 3 model as a ``.keras`` archive and its custom objects (transfer.Payloads)."""
+
+    archive: object = None
+    objects: object = None
+    input_shape: tuple = None
+    size: object = None  # memory.ModelSize
+    flavor = "keras3"
+    native = True
+
+    @classmethod
+    def from_model(cls, model, files):
+        from tfbarrier.models import memory
+
+        if getattr(model, "optimizer", None) is None:
+            raise ModelError("the model is not compiled: call model.compile(optimizer=..., loss=..., metrics=...) "
+                             "before fit()")
+        if not model.weights:
+            raise ModelError("the model has no weights yet (a subclassed model makes them when first called): "
+                             "call it once on a batch, e.g. model(x[:1]), or model.build(input_shape), before fit()")
+        input_shape = input_shape_of(model)
+        pickled = pickled_custom_objects(model)
+        try:
+            archive = save_archive(model)
+        except Exception as exc:
+            raise ModelError(f"the model cannot be saved as a .keras archive ({type(exc).__name__}: {exc}): give "
+                             "its custom layers and models a get_config() (Keras's guide 'Save, serialize, and "
+                             "export models')") from exc
+        return cls(archive=files.add_bytes(ARCHIVE_FILE, archive), objects=files.add_bytes(OBJECTS_FILE, pickled),
+                   input_shape=input_shape, size=memory.ModelSize.of(model))
+
+    def build(self, workdir):
+        """The compiled Keras 3 model in a training process, with the driver's weights."""
+        with open(self.objects.path(workdir), "rb") as f:
+            objects = cloudpickle.load(f)
+        return load_archive(self.archive.path(workdir), objects)
+
+    def trained_model(self, original, path):
+        """The trained model on the driver: the chief's archive at ``path``, loaded with ``original``'s
+        custom objects."""
+        return load_archive(path, custom_objects(original))
+
+
+def load_archive(path, objects):
+    """A ``.keras`` archive loaded by Keras 3 with ``objects``; an unbuilt optimizer's archive holds
+    none of its variables, which Keras warns about (nothing is lost: they start at zero)."""
+    import warnings
+
+    import keras
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+        model = keras.saving.load_model(os.fspath(path), custom_objects=objects, compile=True)
+    return model

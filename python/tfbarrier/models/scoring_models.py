@@ -1,0 +1,137 @@
+"""How a model reaches predict's executors, and is loaded there once per Python worker.
+
+The model travels as its config and a weights file (model_spec.py) that the driver serves for as
+long as it runs (transfer.session_server): each executor host fetches the file once into its
+temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
+worker rebuilds the model once and keeps the last _CACHE_SIZE. Where Spark encrypts its traffic, so does
+the link (TLS, job_tls.py). Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``, or it
+cannot listen on its address), or the session is attached to another program's JVM (attachment.py: that program computes the
+predictions, maybe while this process runs no Python, or after it is gone), the weights go in a Spark
+broadcast. A Keras 3 model's own classes and functions go along, cloudpickled (native_model.py).
+
+Test hook: when ``TFBARRIER_MODEL_LOAD_LOG`` (settings.MODEL_LOAD_LOG_ENV) names a file in an
+executor's environment, every model load appends a line ``<pid> <model id>`` to it.
+"""
+
+import collections
+import contextlib
+import hashlib
+import os
+
+import cloudpickle
+
+from tfbarrier import atomic
+from tfbarrier.errors import ClusterError
+from tfbarrier.exchange import tls as job_tls
+from tfbarrier.models import native_model
+from tfbarrier.models.model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
+from tfbarrier.settings import MODEL_LOAD_LOG_ENV
+from tfbarrier.spark import cluster, driver_link, transfer
+from tfbarrier.spark.attachment import is_attached
+
+_CACHE_SIZE = 2  # models kept per Python worker
+MODELS_KEPT = 4  # weights files kept per executor host
+_models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
+
+
+def scoring_model(spark, model):
+    """What executors rebuild ``model`` from: its flavor, JSON config and weights, the weights served by
+    the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
+    broadcast; and an id naming that model."""
+    flavor, config = keras_flavor(model), model.to_json()
+    # The weights' digest names their file: the session's server writes a content it serves already only once.
+    name = f"{write_weights(model.weights)[:32]}-scoring.safetensors"
+
+    def write(path):
+        write_weights(model.weights, path)
+
+    source = None
+    if cluster.driver_link_enabled(spark) and not is_attached(spark):
+        try:  # over TLS where the job's traffic must be encrypted (job_tls.py)
+            files, server = transfer.session_server(cluster.driver_host(spark), encrypted=job_tls.required(spark))
+            source = {"endpoint": server.endpoint, "payload": files.add_file(name, write)}
+        except OSError:
+            source = None
+    if source is None:
+        with transfer.JobFiles() as scratch:
+            payload = scratch.inline(scratch.add(name, write))
+        source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": transfer.Payload(name, payload.size)}
+    model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
+    # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
+    objects = native_model.pickled_custom_objects(model) if flavor == "keras3" else None
+    return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, **source}
+
+
+def _models_directory():
+    """Where this executor keeps its copies of scoring models: in the application's own files directory
+    (Spark's, which only the executor's user enters and Spark removes with the application), not at a
+    fixed path of the temporary directory that another local user could read or make first."""
+    from pyspark import SparkFiles
+
+    directory = os.path.join(SparkFiles.getRootDirectory(), "tfbarrier-models")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return directory
+
+
+def weights_file(scoring):
+    """This host's copy of the scoring model's weights, fetched from the driver the first time."""
+    directory = _models_directory()
+    path = os.path.join(directory, scoring["payload"].name)
+    if os.path.exists(path):
+        os.utime(path)
+        return path
+    if "broadcast" in scoring:
+        with atomic.written_aside(path) as f:
+            f.write(scoring["broadcast"].value)
+    else:
+        endpoint = scoring["endpoint"]
+        try:
+            driver_link.fetch(endpoint, scoring["payload"].name, path)
+        except OSError as exc:
+            raise ClusterError(
+                f"this executor could not fetch the model from the driver at {endpoint['host']}:{endpoint['port']} "
+                f"({type(exc).__name__}: {exc}): executors must reach the driver on that port, or set "
+                "spark.tfbarrier.driverLink=false to send models through Spark") from None
+    prune_models(directory, MODELS_KEPT)
+    return path
+
+
+def prune_models(directory, kept):
+    """Delete all but the ``kept`` most recently used weights files in ``directory``. The host's other
+    Python workers may prune at the same moment: a file they deleted first is not an error."""
+    used = {}
+    for entry in os.scandir(directory):
+        if ".part-" not in entry.name:
+            with contextlib.suppress(FileNotFoundError):
+                used[entry.path] = entry.stat().st_mtime
+    for old in sorted(used, key=used.get, reverse=True)[kept:]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(old)
+
+
+def load(scoring):
+    model_id = scoring["id"]
+    if model_id not in _models:
+        import tensorflow as tf
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and not _models:  # first TensorFlow use in this Python worker
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(context.cpus())
+            except RuntimeError:
+                pass  # TensorFlow already initialised by earlier code in this worker
+        keras = keras_module(scoring["flavor"])
+        objects = cloudpickle.loads(scoring["objects"]) if scoring.get("objects") else {}
+        with keras.saving.custom_object_scope(objects) if objects else contextlib.nullcontext():
+            model = keras.models.model_from_json(scoring["config"])
+        read_weights(weights_file(scoring), model.weights, lambda variable: [tf_variable(variable)])
+        _models[model_id] = model
+        while len(_models) > _CACHE_SIZE:
+            _models.popitem(last=False)
+        log = os.environ.get(MODEL_LOAD_LOG_ENV)
+        if log:
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {model_id}\n")
+    _models.move_to_end(model_id)
+    return _models[model_id]

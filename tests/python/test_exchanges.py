@@ -1,0 +1,76 @@
+"""The exchange is chosen once per fit (tfbarrier.exchange): fit's ``exchange=`` names it, "auto" picks
+tfbarrier's ring but for workers of several GPUs each on a cluster that does not encrypt, the choice is
+checked against the model, the workers' GPUs and the options, and the spellings from before ``exchange=``
+still work with a FutureWarning naming the new one."""
+
+import warnings
+
+import pytest
+from conftest import digits_cnn
+
+import tfbarrier
+from tfbarrier import exchange as exchanges
+from tfbarrier.errors import InvalidArgumentError
+
+
+@pytest.mark.parametrize("gpus, encrypted, native, chosen", [
+    (0, False, False, "tfbarrier"), (1, False, False, "tfbarrier"),
+    (2, False, False, "strategy"),  # local replicas, on a network that need not be encrypted
+    (1, True, False, "tfbarrier"), (0, False, True, "tfbarrier"),
+])
+def test_auto_is_the_ring_but_for_several_gpus_a_worker_in_the_clear(gpus, encrypted, native, chosen):
+    exchange = exchanges.choose("auto", {}, native=native, encrypted=encrypted, gpus_per_worker=gpus)
+    assert exchange.name == chosen
+
+
+@pytest.mark.parametrize("exchange, communication, native, gpus, message", [
+    ("tfbarrier", {}, False, 2, "exchange='tfbarrier' trains one copy of the model per worker"),
+    ("auto", {}, False, 2, None),
+    ("auto", {}, True, 2, "exchange='tfbarrier' trains one copy of the model per worker"),
+    ("strategy", {}, True, 0, "trains over tfbarrier's ring only: drop exchange='strategy'"),
+    ("tfbarrier", {"implementation": "ring"}, False, 0, "not an option of exchange='tfbarrier'"),
+    ("strategy", {"implementation": "nccl", "bytes_per_pack": 0}, False, 2, None),
+    ("ring", {}, False, 0, "exchange must be one of ['auto', 'tfbarrier', 'strategy'], got 'ring'"),
+])
+def test_a_choice_that_cannot_work_is_refused_in_words(exchange, communication, native, gpus, message):
+    if message is None:
+        assert exchanges.choose(exchange, communication, native=native, encrypted=False, gpus_per_worker=gpus)
+        return
+    with pytest.raises(InvalidArgumentError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        exchanges.choose(exchange, communication, native=native, encrypted=False, gpus_per_worker=gpus)
+
+
+@pytest.mark.parametrize("old, new, warned", [
+    ({"implementation": "tfbarrier"}, ("tfbarrier", {}), "use exchange='tfbarrier'"),
+    ({"implementation": "ring", "bytes_per_pack": 0}, ("strategy", {"implementation": "ring", "bytes_per_pack": 0}),
+     "use exchange='strategy', communication={'implementation': 'ring'}"),
+    ({"implementation": "nccl"}, ("strategy", {"implementation": "nccl"}), "exchange='strategy'"),
+    ({"implementation": "auto"}, ("auto", {}), None),  # what auto meant then, the default: no warning
+    ({"compression": "fp16"}, ("auto", {"compression": "fp16"}), None),
+])
+def test_old_spellings_map_to_the_exchange_they_meant_with_a_warning(old, new, warned):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert exchanges.requested("auto", old) == new
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert said == ([] if warned is None else [said[0]]) and (warned is None or warned in said[0]), said
+
+
+def test_every_registered_exchange_answers_for_itself():
+    import importlib.util
+
+    for name, exchange in exchanges.EXCHANGES.items():
+        assert exchange.name == name and exchange.step_copies > 0
+        assert importlib.util.find_spec(exchange.trainer) is not None, exchange.trainer
+        assert exchange.describe({"bytes_per_pack": 1})["bytes_per_pack"] == 1
+
+
+@pytest.mark.parametrize("communication, implementation", [
+    ({"implementation": "tfbarrier"}, "tfbarrier ring"), ({"implementation": "ring"}, "ring")])
+def test_a_fit_with_an_old_spelling_still_trains_as_it_did_and_says_the_new_one(digits_df, communication,
+                                                                                 implementation):
+    with pytest.warns(FutureWarning, match="use exchange='"):
+        result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", batch_size=64,
+                               steps_per_epoch=2, num_workers=2, verbose=0, communication=communication)
+    assert {w["communication"]["implementation"] for w in result.workers} == \
+        {"tfbarrier ring (authenticated)" if implementation == "tfbarrier ring" else implementation}
