@@ -168,7 +168,7 @@ bench-scaling-model: venv
 bench-allocator: venv
 	$(PY) bench/allocator_bench.py --rounds 3
 bench-exchange: venv
-	$(PY) bench/exchange_bench.py --rounds 3
+	$(PY) bench/exchange_bench.py --rounds 3 --baseline-ref cb33e45
 bench-memory-estimate: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn cnn-wide mlp12 mlp61 mlp150 mlp300
 bench-cpu-pool: venv

@@ -1,9 +1,10 @@
-"""tfbarrier's own ring all-reduce (exchange.py, authenticated), plain and over TLS 1.3 (job_tls.py: what a
+"""tfbarrier's own ring all-reduce (exchange/ring.py, authenticated), plain and over TLS 1.3 (exchange/tls.py: what a
 cluster that encrypts gets), against TensorFlow's collective all-reduce (MultiWorkerMirroredStrategy, RING,
 the translated path's), two processes on loopback, float32 buffers of gradient sizes: seconds per
-all-reduce (the slower rank's), rounds interleaved.
+all-reduce (the slower rank's), rounds interleaved. With ``--baseline-ref REV``, the ring of that revision
+too (its sources checked out under build/), and each ring's all-gather of as many bytes a rank.
 
-    python bench/exchange_bench.py [--mb 1 16 64] [--rounds 3] [--reps 10]
+    python bench/exchange_bench.py [--mb 1 16 64] [--rounds 3] [--reps 10] [--baseline-ref REV]
 """
 
 import argparse
@@ -21,6 +22,7 @@ import harness
 
 HERE = os.path.abspath(__file__)
 KINDS = ("ring", "ring-tls", "tf")
+BEFORE = "ring-before"  # --baseline-ref's ring
 TLS_FILE_ENV = "TFBARRIER_BENCH_TLS"  # the pickled job_tls.Credentials both ring-tls ranks use
 
 
@@ -37,11 +39,12 @@ def ring_worker(rank, ports, sizes, reps, tls=None):
     seconds = {}
     for size in sizes:
         buffer = np.ones(size, dtype=np.float32)
-        ring.all_reduce_sum(buffer)  # warm-up
-        started = time.perf_counter()
-        for _ in range(reps):
-            ring.all_reduce_sum(buffer)
-        seconds[size] = (time.perf_counter() - started) / reps
+        for name, exchange in (("", ring.all_reduce_sum), ("gather ", ring.all_gather)):
+            exchange(buffer)  # warm-up
+            started = time.perf_counter()
+            for _ in range(reps):
+                exchange(buffer)
+            seconds[f"{name}{size}"] = (time.perf_counter() - started) / reps
     ring.close()
     return seconds
 
@@ -71,14 +74,31 @@ def tf_worker(rank, ports, sizes, reps):
     return seconds
 
 
-def launch(kind, sizes, reps):
-    """Two processes of ``kind``; {size: the slower rank's seconds per all-reduce}."""
+def launch(kind, sizes, reps, source=None):
+    """Two processes of ``kind`` (with ``source``, an older revision's sources, first on their path);
+    {size, or "gather SIZE": the slower rank's seconds per all-reduce, or all-gather}."""
     ports = harness.free_ports(2)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     procs = [subprocess.Popen([sys.executable, HERE, "--worker", kind, str(rank), json.dumps(ports), json.dumps(sizes),
-                               str(reps)], stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")) for rank in range(2)]
+                               str(reps)], stdout=subprocess.PIPE, text=True, env=env) for rank in range(2)]
     outs = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
-    return {size: max(out[str(size)] for out in outs) for size in sizes}
+    return {key: max(out[key] for out in outs) for key in outs[0]}
+
+
+def baseline_table(results, mbs, sizes, ref):
+    """The ring against ``ref``'s: all-reduce and all-gather, median ms and their ratio, a row per size."""
+    lines = ["", f"The ring against {ref}'s (all-reduce, and all-gather of that many bytes a rank):", "",
+             f"| MB a rank | all-reduce: ms | {ref}: ms | ratio | all-gather: ms | {ref}: ms | ratio |",
+             "|---|---|---|---|---|---|---|"]
+    for mb, size in zip(mbs, sizes):
+        keys = (str(size), f"gather {size}")
+        now, before = ([statistics.median(r[key] for r in results[kind]) * 1000 for key in keys]
+                       for kind in ("ring", BEFORE))
+        lines.append(f"| {mb:g} | {now[0]:,.1f} | {before[0]:,.1f} | {now[0] / before[0]:.2f} | {now[1]:,.1f} | "
+                     f"{before[1]:,.1f} | {now[1] / before[1]:.2f} |")
+    return lines
 
 
 def main():
@@ -86,6 +106,7 @@ def main():
     parser.add_argument("--mb", type=float, nargs="+", default=[1, 16, 64])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--baseline-ref", help="also this revision's ring (and every ring's all-gather)")
     args = parser.parse_args()
     sizes = [int(mb * 2**20 / 4) for mb in args.mb]
     from tfbarrier.exchange.tls import Credentials
@@ -93,13 +114,18 @@ def main():
     with open(os.path.join(tempfile.mkdtemp(prefix="exchange-bench-"), "tls.pkl"), "wb") as f:
         pickle.dump(Credentials.new(), f)
     os.environ[TLS_FILE_ENV] = f.name
-    results = harness.rounds_of({kind: (lambda kind=kind: launch(kind, sizes, args.reps)) for kind in KINDS},
-                                args.rounds, log=print)
-    lines = ["| MB of float32 | exchange.py ring: median ms | ring over TLS 1.3: median ms | TensorFlow RING: median ms "
-             "| TLS / plain ring | plain ring / TensorFlow |", "|---|---|---|---|---|---|"]
+    contenders = {kind: (lambda kind=kind: launch(kind, sizes, args.reps)) for kind in KINDS}
+    if args.baseline_ref:
+        source = harness.worktree(args.baseline_ref)
+        contenders[BEFORE] = lambda: launch("ring", sizes, args.reps, source)
+    results = harness.rounds_of(contenders, args.rounds, log=print)
+    lines = ["| MB of float32 | tfbarrier's ring: median ms | ring over TLS 1.3: median ms | TensorFlow RING: "
+             "median ms | TLS / plain ring | plain ring / TensorFlow |", "|---|---|---|---|---|---|"]
     for mb, size in zip(args.mb, sizes):
-        ring, tls, tf = (statistics.median(r[size] for r in results[kind]) * 1000 for kind in KINDS)
+        ring, tls, tf = (statistics.median(r[str(size)] for r in results[kind]) * 1000 for kind in KINDS)
         lines.append(f"| {mb:g} | {ring:,.1f} | {tls:,.1f} | {tf:,.1f} | {tls / ring:.2f} | {ring / tf:.2f} |")
+    if args.baseline_ref:
+        lines += baseline_table(results, args.mb, sizes, args.baseline_ref)
     body = ("## An all-reduce of our own against TensorFlow's\n\n"
             f"`{' '.join(['python bench/exchange_bench.py', *sys.argv[1:]])}`: two processes on loopback, "
             f"{args.reps} all-reduces per size after a warm-up, {args.rounds} rounds interleaved; the slower "
@@ -111,7 +137,8 @@ def main():
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        kind, rank, ports, sizes, reps = sys.argv[2], int(sys.argv[3]), *map(json.loads, sys.argv[4:6]), int(sys.argv[6])
+        kind, rank, reps = sys.argv[2], int(sys.argv[3]), int(sys.argv[6])
+        ports, sizes = map(json.loads, sys.argv[4:6])
         if kind == "tf":
             seconds = tf_worker(rank, ports, sizes, reps)
         elif kind == "ring-tls":

@@ -86,6 +86,18 @@ def test_the_ring_sums_every_ranks_array_on_every_rank(n, length, dtype):
         np.testing.assert_array_equal(arrays[i], np.random.default_rng(i).integers(-1000, 1000, size=(length,)))
 
 
+@pytest.mark.parametrize("n, shape, dtype", [(1, (3,), "int64"), (2, (3, 2), "float32"), (3, (), "float64"),
+                                             (8, (5,), "int32"), (16, (257,), "int64")])
+def test_the_ring_gathers_every_ranks_array_in_rank_order_on_every_rank(n, shape, dtype):
+    arrays = [np.random.default_rng(i).integers(-1000, 1000, size=shape).astype(dtype) for i in range(n)]
+    results = in_threads(n, lambda ring: [ring.all_gather(arrays[ring.rank] * k) for k in (1, 3)])
+    for i, result in enumerate(results):
+        assert not isinstance(result, Exception), f"rank {i}: {result!r}"
+        for k, gathered in zip((1, 3), result):
+            assert gathered.dtype == np.dtype(dtype) and gathered.shape == (n, *shape)
+            np.testing.assert_array_equal(gathered, np.stack(arrays) * k)
+
+
 def test_a_stranger_gets_nothing_and_the_ring_forms_anyway():
     socks, addresses = listeners(2)
     heard, connected = {}, threading.Event()

@@ -47,13 +47,18 @@ def _proof(secret, label, *parts):
 
 def _recv_exactly(sock, size):
     data = bytearray(size)
-    view, got = memoryview(data), 0
-    while got < size:
+    _recv_into(sock, memoryview(data))
+    return data
+
+
+def _recv_into(sock, view):
+    """Fill ``view`` (a writable byte view) from ``sock``."""
+    got = 0
+    while got < len(view):
         n = sock.recv_into(view[got:])
         if not n:
             raise ConnectionError("the peer closed the connection")
         got += n
-    return data
 
 
 def _admit(conn, secret, expected_rank):
@@ -170,6 +175,7 @@ class Ring:
     def __init__(self, rank, size, left, right, timeout):
         self.rank, self.size, self.timeout = rank, size, timeout
         self._left, self._right, self._step = left, right, 0
+        self._scratch = np.empty(0, np.uint8)  # where a reduce-scatter's incoming chunk lands, reused
         self.failure = None  # the PeerLostError this ring raised, if it did
         self._sends, self._sent = queue.Queue(), queue.Queue()
         self._sender = threading.Thread(target=self._send_loop, name="tfbarrier-ring-send", daemon=True)
@@ -242,14 +248,14 @@ class Ring:
             except OSError as exc:
                 self._sent.put(exc)
 
-    def _exchange(self, outgoing, incoming):
-        """Send ``outgoing`` to the right while reading ``incoming``'s size from the left."""
+    def _exchange(self, outgoing, into):
+        """Send ``outgoing`` to the right while reading ``into`` (a contiguous array, filled in place) from the left."""
         self._step += 1
         # ``outgoing`` is sent as it lies: no step changes it before this one's send is done
         self._sends.put((_STEP.pack(self._step), memoryview(np.ascontiguousarray(outgoing)).cast("B")))
         try:
             step = _STEP.unpack(_recv_exactly(self._left, _STEP.size))[0]
-            data = _recv_exactly(self._left, incoming.nbytes)
+            _recv_into(self._left, memoryview(into.reshape(-1)).cast("B"))  # contiguous: a view, not a copy
         except OSError as exc:  # a timeout, a closed or reset connection
             raise self._lost(self.rank - 1, f"went silent in the ring ({exc})") from None
         if step != self._step:
@@ -260,7 +266,12 @@ class Ring:
             sent = f"nothing read for {self.timeout:g} s"
         if sent is not None:
             raise self._lost(self.rank + 1, f"stopped reading the ring ({sent})")
-        return np.frombuffer(data, dtype=incoming.dtype)
+
+    def _incoming(self, like):
+        """A scratch array shaped and typed as ``like`` for a chunk to land in (the same memory each time)."""
+        if self._scratch.nbytes < like.nbytes:
+            self._scratch = np.empty(like.nbytes, np.uint8)
+        return self._scratch[:like.nbytes].view(like.dtype).reshape(like.shape)
 
     @property
     def encryption(self):
@@ -282,18 +293,24 @@ class Ring:
         chunks = np.array_split(flat, self.size)
         for step in range(self.size - 1):  # reduce-scatter: chunk (rank + 1) ends whole here
             send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
-            chunks[receive] += self._exchange(chunks[send], chunks[receive])
-        for step in range(self.size - 1):  # all-gather
+            incoming = self._incoming(chunks[receive])
+            self._exchange(chunks[send], into=incoming)
+            chunks[receive] += incoming
+        for step in range(self.size - 1):  # all-gather: each whole chunk lands where it belongs
             send, receive = (self.rank - step + 1) % self.size, (self.rank - step) % self.size
-            chunks[receive][:] = self._exchange(chunks[send], chunks[receive])
+            self._exchange(chunks[send], into=chunks[receive])
         return total
 
     def all_gather(self, array):
         """Every process's ``array`` (same shape and dtype everywhere) stacked in rank order, on every process:
-        the sum of stacks that are zeros but for each process's own row."""
-        stacked = np.zeros((self.size, *np.shape(array)), np.asarray(array).dtype)
+        each row travels the ring once, right to left, n - 1 hops (n - 1 arrays sent per process)."""
+        array = np.asarray(array)
+        stacked = np.empty((self.size, *array.shape), array.dtype)
         stacked[self.rank] = array
-        return self.all_reduce_sum(stacked)
+        for step in range(self.size - 1):
+            send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
+            self._exchange(stacked[send:send + 1], into=stacked[receive:receive + 1])  # views, scalars too
+        return stacked
 
     def broadcast_variables(self, variables):
         """Give every process rank 0's values of ``variables``: each summed with zeros from the others (exact)."""
