@@ -19,8 +19,10 @@
 #'   resized to the model's `(height, width, channels)` input as values in 0-255. For a Keras 3 model of
 #'   several inputs, one column per input, named by the input's name:
 #'   `c(token_ids = "ids", padding_mask = "mask")`; integer columns reach the model as integers.
-#' @param label A numeric column; for a Keras 3 model of several outputs, one per output, named by the
-#'   output's name: `c(cls = "kind", reg = "target")`.
+#' @param label A numeric column, or an array column of numbers (a sequence label, a value per position:
+#'   a causal LM's next tokens, weighed per position by a `sample_weight` array column passed in `...`); for a
+#'   Keras 3 model of several outputs, one per output, named by the output's name:
+#'   `c(cls = "kind", reg = "target")`.
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
 #' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held

@@ -134,7 +134,7 @@ def profile(df, layout):
     partition = "__tfbarrier_partition"  # projected first: Spark refuses it inside an aggregate
     aggregates = [F.count(F.lit(1)).alias("rows"), F.count_distinct(partition).alias("nonempty_partitions")]
     aggregates += [F.count_if(F.col(name).isNull()).alias(f"nulls_{i}") for i, name in enumerate(layout.columns)]
-    aggregates += layout.aggregates()
+    aggregates += layout.aggregates() + layout.sequence_aggregates()
     return df.withColumn(partition, F.spark_partition_id()).agg(*aggregates).collect()[0].asDict()
 
 
@@ -262,4 +262,5 @@ def check_profile(profile, layout, num_workers, input_shape, what="the DataFrame
                 "drop or impute them first, e.g. "
                 f"df.dropna(subset={layout.columns!r})"
             )
+    layout.check_sequences(profile)
     layout.check_profile(profile, input_shape)

@@ -7,7 +7,9 @@ Each kind owns its whole path, so a new kind of feature column is one class here
 - ``aggregates`` and ``check_profile``: what the driver's one aggregate pass measures, and refuses;
 - ``x``: how a Spark Arrow batch becomes the shard's ``x`` (in the task) or the scored rows;
 - ``check_input``: whether rows fill the model's input, wherever the model's input shape is known;
-- ``y``: the label column, or a struct of one label column per model output (``label={output: column}``).
+- ``y``: the label column, or a struct of one label column per model output (``label={output: column}``);
+  a label of arrays (a sequence label: a value per position) as a fixed-size list per row, and ``w`` the
+  sample weights, one per row or one per position of a sequence label.
 
 How the shard holds x and y, and how a training process reads them back, is stored_forms.py's.
 
@@ -51,6 +53,34 @@ def check_width(width, input_shape):
         )
 
 
+def array_aggregates(names, alias):
+    """Spark aggregates of the array columns ``names``: each one's shortest and longest row and its rows with
+    null elements, named ``alias(what, i)`` (``what`` min_length, max_length, null_elements; column i)."""
+    from pyspark.sql import functions as F
+
+    found = []
+    for i, name in enumerate(names):
+        array = F.col(name)
+        found += [F.min(F.size(array)).alias(alias("min_length", i)),
+                  F.max(F.size(array)).alias(alias("max_length", i)),
+                  F.count_if(F.exists(array, lambda value: value.isNull())).alias(alias("null_elements", i))]
+    return found
+
+
+def fixed_rows(array, what):
+    """A list column whose rows all have one length as a fixed-size list (a ColumnError naming ``what`` if not)."""
+    if pa.types.is_fixed_size_list(array.type):
+        return array
+    lengths = pc.list_value_length(array)
+    shortest, longest = pc.min(lengths).as_py(), pc.max(lengths).as_py()
+    if shortest != longest:
+        raise ColumnError(f"{what} holds arrays of different lengths ({shortest} to {longest}): pad them to one length")
+    values = array.flatten()
+    if values.null_count:
+        raise ColumnError(f"{what} has arrays with null elements: fill them first")
+    return pa.FixedSizeListArray.from_arrays(values, longest or 0)
+
+
 def check_image_input(input_shape):
     """Refuse a model that cannot take decoded images: its input must be (height, width, channels)."""
     if single_input(input_shape) is None:
@@ -74,6 +104,7 @@ class Features:
     weight: str = None
     inputs: tuple = None
     outputs: tuple = None
+    sequences: tuple = ()  # the label and weight columns that hold an array per row (a value per position)
     noun = "feature column", "arrays", "length"  # how messages name the column, its rows, their width
 
     @property
@@ -92,17 +123,50 @@ class Features:
         return [*self.features, *self.labels, *([self.weight] if self.weight is not None else [])]
 
     def y(self, batch):
-        """The batch's labels: the label column, or a struct of one per output."""
+        """The batch's labels: the label column, or a struct of one per output; a sequence label as a
+        fixed-size list per row."""
         arrays = []
         for name in self.labels:
             array = batch.column(name)
             if array.null_count:
                 raise ColumnError(f"label column {name!r} has null values: drop those rows first")
-            arrays.append(array)
+            arrays.append(fixed_rows(array, f"label column {name!r}") if name in self.sequences else array)
         return arrays[0] if self.outputs is None else pa.StructArray.from_arrays(arrays, list(self.outputs))
 
+    def w(self, batch):
+        """The batch's sample weights as float32: one per row, or a fixed-size list per row (per position)."""
+        weight = batch.column(self.weight)
+        if weight.null_count:
+            raise ColumnError(f"sample_weight column {self.weight!r} has null values: drop or fill them first")
+        if self.weight in self.sequences:
+            weight = fixed_rows(weight, f"sample_weight column {self.weight!r}")
+            return pa.FixedSizeListArray.from_arrays(pc.cast(weight.flatten(), pa.float32()), weight.type.list_size)
+        return pc.cast(weight, pa.float32())
+
+    def sequence_aggregates(self):
+        """Spark aggregates of the sequence columns (array_aggregates')."""
+        return array_aggregates(self.sequences, lambda what, i: f"sequence_{what}_{i}")
+
+    def check_sequences(self, profile):
+        """Refuse sequence columns whose rows differ in length, or hold null elements, or differ from each other."""
+        lengths = {}
+        for i, name in enumerate(self.sequences):
+            nulls = profile.get(f"sequence_null_elements_{i}")
+            if nulls:
+                raise ColumnError(f"column {name!r} has {nulls} array(s) with null elements: fill them first (a weight "
+                                  "of 0 leaves a position out)")
+            shortest, longest = profile.get(f"sequence_min_length_{i}"), profile.get(f"sequence_max_length_{i}")
+            if shortest != longest:
+                raise ColumnError(f"column {name!r} holds arrays of different lengths ({shortest} to {longest}); a "
+                                  "sequence label and its weights need one length: pad them to the model's sequence "
+                                  "length, with a weight of 0 for the padding positions")
+            lengths[name] = longest
+        if len(set(lengths.values())) > 1:
+            raise ColumnError(f"the sequence columns differ in length ({lengths}): a position's weight must match "
+                              "its label's")
+
     def empty_y_type(self):
-        """The type of ``y`` in a shard without rows."""
+        """The type of ``y`` in a shard without rows (a validation shard's takes its training rows' form)."""
         if self.outputs is None:
             return pa.float32()
         return pa.struct([(name, pa.float32()) for name in self.outputs])
@@ -178,11 +242,7 @@ class ArrayColumn(Features):
     """One array column of numbers, of one length in every row (for example a flat image)."""
 
     def aggregates(self):
-        from pyspark.sql import functions as F
-
-        array = F.col(self.features[0])
-        return [F.min(F.size(array)).alias("min_length"), F.max(F.size(array)).alias("max_length"),
-                F.count_if(F.exists(array, lambda value: value.isNull())).alias("null_elements")]
+        return array_aggregates(self.features[:1], lambda what, i: what)
 
     def check_profile(self, profile, input_shape):
         column, rows, _ = self.noun
@@ -261,14 +321,7 @@ class NamedInputs(Features):
         return [*self.feature_projection(spark), *(F.col(name) for name in rest)]
 
     def aggregates(self):
-        from pyspark.sql import functions as F
-
-        found = []
-        for i, name in enumerate(self.arrays):
-            array = F.col(name)
-            found += [F.min(F.size(array)).alias(f"min_length_{i}"), F.max(F.size(array)).alias(f"max_length_{i}"),
-                      F.count_if(F.exists(array, lambda value: value.isNull())).alias(f"null_elements_{i}")]
-        return found
+        return array_aggregates(self.arrays, lambda what, i: f"{what}_{i}")
 
     def check_profile(self, profile, input_shape):
         widths = {}

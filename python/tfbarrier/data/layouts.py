@@ -1,6 +1,8 @@
 """Which feature layout (features.py) a DataFrame's columns make: ``layout`` reads fit's, predict's and
 the Estimator's ``features=``, ``label=`` and ``sample_weight=`` against the schema, on the driver, and
-refuses what no layout takes, naming the column and the fix."""
+refuses what no layout takes, naming the column and the fix. A label is a number per row, or an array of
+numbers (a sequence label: a causal LM's next tokens, a tagger's classes), whose positions an array of
+sample weights may weigh."""
 
 from tfbarrier.data.features import ArrayColumn, ImageColumn, NamedInputs, NumericColumns, VectorColumn
 from tfbarrier.errors import ColumnError, InvalidArgumentError
@@ -16,6 +18,26 @@ def _is_vector(data_type):
     from pyspark.sql.types import UserDefinedType
 
     return isinstance(data_type, UserDefinedType) and type(data_type).__name__ == "VectorUDT"
+
+
+def _is_numeric_array(data_type):
+    from pyspark.sql.types import ArrayType
+
+    return isinstance(data_type, ArrayType) and _is_numeric(data_type.elementType)
+
+
+def _check_weight(weight, types, sequences):
+    """Refuse a sample_weight column that is not numbers: one per row, or one per position of a sequence label."""
+    if _is_numeric(types.get(weight)):
+        return
+    if weight in types and _is_numeric_array(types[weight]):
+        if sequences:
+            return
+        raise ColumnError(f"sample_weight column {weight!r} holds an array per row, which weighs the positions of a "
+                          "sequence label; this fit's label has one value per row: give one weight per row")
+    raise ColumnError(f"sample_weight column {weight!r} must be a numeric column of the DataFrame (or, for a sequence "
+                      "label, an array of a weight per position)"
+                      + ("" if weight not in types else f", not {types[weight].simpleString()}"))
 
 
 def _names(argument, value, what):
@@ -53,15 +75,18 @@ def layout(schema, features, label=None, scoring=False, weight=None):
         if name not in types:
             raise ColumnError(f"column {name!r} is not in the DataFrame; its columns are {sorted(types)}")
     for name in labels:
-        if not _is_numeric(types[name]):
+        if not (_is_numeric(types[name]) or _is_numeric_array(types[name])):
             raise ColumnError(
                 f"label column {name!r} has type {types[name].simpleString()}; it must be numeric "
-                "(class ids as integers, or a float target): cast or index it first"
+                "(class ids as integers, or a float target), or an array of numbers (a value per position, as a "
+                "causal LM's next tokens): cast or index it first"
             )
-    if weight is not None and not _is_numeric(types.get(weight)):
-        raise ColumnError(f"sample_weight column {weight!r} must be a numeric column of the DataFrame"
-                          + ("" if weight not in types else f", not {types[weight].simpleString()}"))
-    common = {"features": tuple(features), "label": None if scoring else label, "weight": weight, "outputs": outputs}
+    sequences = tuple(name for name in labels if _is_numeric_array(types[name]))
+    if weight is not None:
+        _check_weight(weight, types, sequences)
+        sequences += (weight,) if _is_numeric_array(types[weight]) else ()
+    common = {"features": tuple(features), "label": None if scoring else label, "weight": weight, "outputs": outputs,
+              "sequences": sequences}
     if inputs is not None:
         return NamedInputs(**common, inputs=inputs, **_input_columns(features, types))
     return _kind(features, types)(**common)

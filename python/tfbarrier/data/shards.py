@@ -4,8 +4,9 @@ The task streams its partition batch by batch into an Arrow IPC file with two co
 ``y`` (the label), in record batches of at most ``RECORD_BATCH_BYTES``, so memory in the task stays
 bounded by one Spark batch. ``x`` is held as the layout stores it (stored_forms.STORED_FORMS: a fixed-size
 list of float32 or int64, one flat feature vector per row; for encoded images, the image file's bytes;
-a struct of those, one per model input), ``y`` as a label column or a struct of one per model output,
-and read back the same way: nothing here depends on which.
+a struct of those, one per model input), ``y`` as a label column or a struct of one per model output (a
+sequence label a fixed-size list per row), a ``w`` of sample weights when the fit has them (one per row, or
+one per position), and read back the same way: nothing here depends on which.
 
 The training process streams that file into tf.data one record batch at a time and never holds the
 whole shard: each pass reads the record batches in a fresh seeded order, mixes rows through a
@@ -23,7 +24,6 @@ import pyarrow.compute as pc
 
 from tfbarrier.data.stored_forms import (label_bytes, label_dtype, label_spec, label_zeros, labels_to_numpy, rows_of,
                                          stored_form, take)
-from tfbarrier.errors import ColumnError
 
 RECORD_BATCH_BYTES = 4 * 2**20  # a shard's record batches: the unit the reader reads and reorders
 SHUFFLE_BUFFER_ROWS = 10_000  # the default shuffle buffer, in rows...
@@ -37,10 +37,7 @@ def _training_batch(batch, layout):
     x = layout.x(batch)
     if layout.weight is None:
         return pa.RecordBatch.from_arrays([x, label], ["x", "y"])
-    weight = batch.column(layout.weight)
-    if weight.null_count:
-        raise ColumnError(f"sample_weight column {layout.weight!r} has null values: drop or fill them first")
-    return pa.RecordBatch.from_arrays([x, label, pc.cast(weight, pa.float32())], ["x", "y", "w"])
+    return pa.RecordBatch.from_arrays([x, label, layout.w(batch)], ["x", "y", "w"])
 
 
 def _bounded(batches):
@@ -147,6 +144,7 @@ class Shard:
     label_dtype: object  # a NumPy dtype, or {output name: dtype}
     bytes_per_row: float
     weighted: bool = False  # rows carry a sample weight (w)
+    weight_length: int = None  # ...a weight per position of a sequence label, that many; None: one per row
     stored: object = None  # how x is held (stored_forms.STORED_FORMS)
 
     @classmethod
@@ -160,7 +158,7 @@ class Shard:
                        width=stored.width(x_type), stored=stored,
                        label_dtype=label_dtype(reader.schema.field("y").type),
                        bytes_per_row=os.path.getsize(path) / max(1, rows),
-                       weighted="w" in reader.schema.names)
+                       weighted="w" in reader.schema.names, weight_length=_list_size(reader.schema, "w"))
 
     def batches(self, order):
         """(x, y) NumPy arrays of the record batches in ``order``, read one at a time, and w (float32)
@@ -172,7 +170,19 @@ class Shard:
                 x = batch.column(0)
                 x = self.stored.to_numpy(x)
                 y = labels_to_numpy(batch.column(1), self.label_dtype)
-                yield (x, y, batch.column(2).to_numpy(zero_copy_only=False)) if self.weighted else (x, y)
+                yield (x, y, self._weights(batch.column(2))) if self.weighted else (x, y)
+
+    def _weights(self, column):
+        values = (column.flatten() if self.weight_length else column).to_numpy(zero_copy_only=False)
+        return values.reshape(-1, self.weight_length) if self.weight_length else values
+
+    def weights(self, count, value):
+        """``count`` rows' sample weights, each ``value``: of the shape this shard's weights have."""
+        return np.full((count, self.weight_length) if self.weight_length else count, value, np.float32)
+
+    def weight_spec(self, tf):
+        """The tf.data spec of a batch of this shard's sample weights."""
+        return tf.TensorSpec((None, self.weight_length) if self.weight_length else (None,), tf.float32)
 
     def one_pass(self, shuffle, seed, pass_number):
         """(x, y) of every row once: the record batches as written, or with ``shuffle`` in an order drawn
@@ -208,12 +218,19 @@ class Shard:
         return max(1, min(max(rows, batch), self.rows))
 
 
-def _signature(shard, input_shape, floats):
-    """A generator's output signature: x, y, then ``floats`` float32 columns (weights...)."""
+def _list_size(schema, name):
+    """The size of field ``name``'s fixed-size lists; None when it is not one (or not there)."""
+    field = schema.field(name) if name in schema.names else None
+    return field.type.list_size if field is not None and pa.types.is_fixed_size_list(field.type) else None
+
+
+def _signature(shard, input_shape, present=False):
+    """A generator's output signature: x, y, then (``present``) a float32 per row, then the sample weights."""
     import tensorflow as tf
 
     x_spec = shard.stored.spec(tf, input_shape)
-    return (x_spec, label_spec(tf, shard.label_dtype), *[tf.TensorSpec((None,), tf.float32)] * floats)
+    weights = [shard.weight_spec(tf)] if present or shard.weighted else []
+    return (x_spec, label_spec(tf, shard.label_dtype), *[tf.TensorSpec((None,), tf.float32)] * present, *weights)
 
 
 def _batched(ds, shard, input_shape, batch, then=None):
@@ -258,7 +275,7 @@ def dataset_fn(shard, input_shape, global_batch_size, seed, shuffle=True, shuffl
     same for the same ``seed``: ``skip_rows`` starts it where a resumed fit left it (checkpoints.py)."""
     import tensorflow as tf
 
-    signature = _signature(shard, input_shape, floats=int(shard.weighted))
+    signature = _signature(shard, input_shape)
 
     def one_pass_batches(pass_number):
         for x, *rest in shard.one_pass(shuffle, seed, pass_number):
@@ -294,7 +311,7 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
     steps (rendezvous.validation_steps), so that every worker runs the same steps whatever its rows."""
     import tensorflow as tf
 
-    signature = _signature(shard, input_shape, floats=2)  # present, weight
+    signature = _signature(shard, input_shape, present=True)
 
     def make(input_context):
         batch = input_context.get_per_replica_batch_size(global_batch_size)
@@ -302,12 +319,12 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
         padding = steps * local_replicas * batch - shard.rows
         def rows():
             for x, y, *weight in shard.batches(range(shard.record_batches)):
-                ones = np.ones(rows_of(x), np.float32)
-                yield shard.stored.model_x(x, input_shape), y, ones, weight[0] if weight else ones
+                rows = rows_of(x)
+                yield (shard.stored.model_x(x, input_shape), y, np.ones(rows, np.float32),
+                       weight[0] if weight else shard.weights(rows, 1))
             if padding:
                 x = shard.stored.padding(tf, padding, input_shape)
-                zeros = np.zeros(padding, np.float32)
-                yield x, label_zeros(padding, shard.label_dtype), zeros, zeros
+                yield x, label_zeros(padding, shard.label_dtype), np.zeros(padding, np.float32), shard.weights(padding, 0)
 
         return _batched(tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch(), shard,
                         input_shape, batch)

@@ -7,9 +7,11 @@ reads them back: the process-side half of a feature layout (features.py), Tensor
 - ``NamedRows``: a struct with a field per model input (``features={input: column}``), each field in one
   of the forms above, read back as {input name: rows}.
 
-Labels are a numeric column, or a struct with a field per model output (``label={output: column}``):
-``labels_to_numpy`` and ``label_spec`` read either.
+Labels are a numeric column, a fixed-size list per row (a sequence label, ``SequenceLabel``), or a struct with a
+field per model output (``label={output: column}``): ``labels_to_numpy`` and ``label_spec`` read each.
 """
+
+import dataclasses
 
 import numpy as np
 import pyarrow as pa
@@ -221,13 +223,23 @@ def take(x, rows):
     return {name: values[rows] for name, values in x.items()} if isinstance(x, dict) else x[rows]
 
 
-# ---- labels: one numeric column, or a struct of one per output ----------------------------------------------
+# ---- labels: one numeric column, or a struct of one per output; a sequence label a fixed-size list per row ----
+
+@dataclasses.dataclass(frozen=True)
+class SequenceLabel:
+    """The labels of a sequence label column: ``length`` values of ``dtype`` per row (a value per position)."""
+
+    dtype: np.dtype
+    length: int
+
 
 def label_dtype(arrow_type):
-    """The NumPy dtype labels of ``arrow_type`` reach the model as (float64 as float32), or
-    {output name: dtype} for a struct of labels."""
+    """The NumPy dtype labels of ``arrow_type`` reach the model as (float64 as float32), a SequenceLabel for
+    a fixed-size list per row, or {output name: either} for a struct of labels."""
     if pa.types.is_struct(arrow_type):
         return {field.name: label_dtype(field.type) for field in arrow_type}
+    if pa.types.is_fixed_size_list(arrow_type):
+        return SequenceLabel(label_dtype(arrow_type.value_type), arrow_type.list_size)
     dtype = np.dtype(arrow_type.to_pandas_dtype())
     return np.dtype(np.float32) if dtype == np.float64 else dtype
 
@@ -236,13 +248,17 @@ def labels_to_numpy(column, dtype):
     """A label column (or struct of them) as a NumPy array of ``dtype`` (or {output name: array})."""
     if isinstance(dtype, dict):
         return {name: labels_to_numpy(column.field(name), each) for name, each in dtype.items()}
+    if isinstance(dtype, SequenceLabel):
+        return labels_to_numpy(column.flatten(), dtype.dtype).reshape(-1, dtype.length)
     return column.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
 def label_bytes(column):
-    """A label column's values as bytes, in order (for a shard's digest)."""
+    """A label (or weight) column's values as bytes, in order (for a shard's digest)."""
     if pa.types.is_struct(column.type):
         return b"".join(label_bytes(column.field(i)) for i in range(column.type.num_fields))
+    if pa.types.is_fixed_size_list(column.type):
+        return label_bytes(column.flatten())  # flatten: the values of these rows alone, a slice's too
     return column.to_numpy(zero_copy_only=False).tobytes()
 
 
@@ -250,6 +266,8 @@ def label_spec(tf, dtype):
     """The tf.data spec of a batch of labels of ``dtype`` (or {output name: dtype})."""
     if isinstance(dtype, dict):
         return {name: label_spec(tf, each) for name, each in dtype.items()}
+    if isinstance(dtype, SequenceLabel):
+        return tf.TensorSpec((None, dtype.length), tf.as_dtype(dtype.dtype))
     return tf.TensorSpec((None,), tf.as_dtype(dtype))
 
 
@@ -257,4 +275,6 @@ def label_zeros(count, dtype):
     """``count`` padding labels of ``dtype`` (or {output name: dtype})."""
     if isinstance(dtype, dict):
         return {name: label_zeros(count, each) for name, each in dtype.items()}
+    if isinstance(dtype, SequenceLabel):
+        return np.zeros((count, dtype.length), dtype.dtype)
     return np.zeros(count, dtype)

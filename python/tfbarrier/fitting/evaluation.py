@@ -40,6 +40,11 @@ def per_example_loss(model):
     return LossFunctionWrapper(loss, reduction=tf_keras.losses.Reduction.NONE)
 
 
+def per_row(values, like):
+    """``values`` (one per row) with axes added to multiply ``like`` (a value per position of a sequence, say)."""
+    return values[(...,) + (None,) * (like.shape.rank - values.shape.rank)]
+
+
 class Validation(tf_keras.callbacks.Callback):
     """Adds ``val_loss`` and ``val_<metric>`` to the logs of every ``every``-th epoch, from ``steps``
     steps over ``dataset`` (distributed, of (x, y, present, sample weight) batches: present is 0 for the
@@ -65,8 +70,11 @@ class Validation(tf_keras.callbacks.Callback):
                 # a label per row against one prediction column, (batch,) against (batch, 1), as compile()
                 # matches them: else "mse" or binary cross-entropy would average over the batch, not the column
                 labels, _, _ = match_dtype_and_rank(y, predicted, None)
-                losses = tf.cast(loss(labels, predicted), tf.float32) * weight * present
-                return tf.reduce_sum(losses), tf.reduce_sum(present)
+                losses = tf.cast(loss(labels, predicted), tf.float32)
+                losses *= per_row(weight, losses) * per_row(present, losses)
+                # a sequence label's loss has a value per position: the mean is over positions, as Keras's
+                positions = tf.cast(tf.size(losses) // tf.maximum(tf.size(present), 1), tf.float32)
+                return tf.reduce_sum(losses), tf.reduce_sum(present) * positions
 
             total, count = strategy.run(on_replica, args=next(iterator))
             return (strategy.reduce(tf.distribute.ReduceOp.SUM, total, axis=None),
@@ -116,7 +124,8 @@ class Keras3Validation(tf_keras.callbacks.Callback):
             # Keras's compiled loss (each output's, times its loss weight) is a sum over the batch's rows, their
             # weights applied, divided by the rows: times the rows, the sum, which padding rows (weight 0) leave
             rows = tf.cast(tf.shape(present)[0], tf.float32)
-            total = tf.cast(model._compile_loss(y, predicted, sample_weight=weight * present), tf.float32) * rows
+            weight = weight * per_row(present, weight)
+            total = tf.cast(model._compile_loss(y, predicted, sample_weight=weight), tf.float32) * rows
             return total, tf.reduce_sum(present)
 
         self._step = step
