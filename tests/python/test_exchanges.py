@@ -1,12 +1,14 @@
 """The exchange is chosen once per fit (tfbarrier.exchange): fit's ``exchange=`` names it, "auto" picks
 tfbarrier's ring but for workers of several GPUs each on a cluster that does not encrypt, the choice is
 checked against the model, the workers' GPUs and the options, and the spellings from before ``exchange=``
-still work with a FutureWarning naming the new one."""
+still work with a FutureWarning naming the new one. Eight workers on local[8] train one model, as one process
+does on the same global batches."""
 
 import warnings
 
+import numpy as np
 import pytest
-from conftest import digits_cnn
+from conftest import digits_cnn, run_driver
 
 import tfbarrier
 from tfbarrier import exchange as exchanges
@@ -74,3 +76,12 @@ def test_a_fit_with_an_old_spelling_still_trains_as_it_did_and_says_the_new_one(
                                steps_per_epoch=2, num_workers=2, verbose=0, communication=communication)
     assert {w["communication"]["implementation"] for w in result.workers} == \
         {"tfbarrier ring (authenticated)" if implementation == "tfbarrier ring" else implementation}
+
+
+def test_eight_workers_train_one_model_as_one_process_does():
+    outcome = run_driver("eight_workers.py", timeout=600)
+    assert len(outcome["checksums"]) == 8 and len(set(outcome["checksums"])) == 1
+    np.testing.assert_allclose(outcome["loss"], outcome["reference_loss"], rtol=1e-4)
+    assert outcome["loss"][-1] < outcome["loss"][0]
+    for trained, expected in zip(outcome["weights"], outcome["reference_weights"]):
+        np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)

@@ -22,6 +22,7 @@ import ssl
 import struct
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -176,6 +177,7 @@ class Ring:
         self.rank, self.size, self.timeout = rank, size, timeout
         self._left, self._right, self._step = left, right, 0
         self._scratch = np.empty(0, np.uint8)  # where a reduce-scatter's incoming chunk lands, reused
+        self.bytes_sent = 0  # to the right, over the ring's life: what a worker reports of its traffic
         self.failure = None  # the PeerLostError this ring raised, if it did
         self._sends, self._sent = queue.Queue(), queue.Queue()
         self._sender = threading.Thread(target=self._send_loop, name="tfbarrier-ring-send", daemon=True)
@@ -252,7 +254,9 @@ class Ring:
         """Send ``outgoing`` to the right while reading ``into`` (a contiguous array, filled in place) from the left."""
         self._step += 1
         # ``outgoing`` is sent as it lies: no step changes it before this one's send is done
-        self._sends.put((_STEP.pack(self._step), memoryview(np.ascontiguousarray(outgoing)).cast("B")))
+        payload = memoryview(np.ascontiguousarray(outgoing)).cast("B")
+        self._sends.put((_STEP.pack(self._step), payload))
+        self.bytes_sent += _STEP.size + payload.nbytes
         try:
             step = _STEP.unpack(_recv_exactly(self._left, _STEP.size))[0]
             _recv_into(self._left, memoryview(into.reshape(-1)).cast("B"))  # contiguous: a view, not a copy
@@ -337,6 +341,15 @@ class Ring:
             if mean or _aggregation(variable) == "mean":
                 summed = summed / self.size
             variable.assign(summed.astype(value.dtype))
+
+    def differing(self, variables):
+        """Those of ``variables`` whose values are not the same on every process: only a checksum of each
+        crosses the ring (a frozen backbone's weights, the same everywhere, never do)."""
+        if self.size == 1 or not variables:
+            return []
+        checksums = np.array([zlib.crc32(np.ascontiguousarray(v.numpy()).view(np.uint8)) for v in variables], np.int64)
+        everyones = self.all_gather(checksums)
+        return [v for v, column in zip(variables, everyones.T) if (column != column[0]).any()]
 
     def close(self):
         if self.size > 1:

@@ -41,9 +41,12 @@ def fit_plan(resume, epochs, steps_per_epoch):
 
 
 def average_moving_statistics(ring, model):
-    """Every worker's non-trainable float weights (BatchNormalization's moving mean and variance, which each
-    worker updates from its own rows) replaced by their mean across ``ring``, as the strategy reads them."""
-    ring.sum_variables([v for v in model.non_trainable_variables if "float" in str(v.dtype)], mean=True)
+    """Every worker's non-trainable float weights that differ between workers (BatchNormalization's moving
+    mean and variance, which each worker updates from its own rows) replaced by their mean across ``ring``,
+    as the strategy reads them. Frozen weights (a fine-tune's backbone) are the same on every worker: only
+    their checksums cross the ring, and no float64 copy of them is made."""
+    floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    ring.sum_variables(ring.differing(floats), mean=True)
 
 
 class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):

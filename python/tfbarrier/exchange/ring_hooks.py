@@ -3,8 +3,6 @@ each step's gradients cross the ring (``exchange_gradients``), the epoch's metri
 (``sum_metrics``), and the callbacks that keep the workers one model (``GlobalBatchLogs``, ``ExchangedOnly``,
 ``AverageState``, ``StopTogether``). Imported only in training processes."""
 
-import hashlib
-
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -136,9 +134,7 @@ class ExchangedOnly(tf_keras.callbacks.Callback):
         unexchanged = [v for v in self.model.trainable_variables if id(v) not in self.exchanged]
         if not unexchanged or self.ring.size == 1:
             return
-        digests = np.array([_digest(v) for v in unexchanged], np.int64)
-        apart = self.ring.all_gather(digests)
-        drifted = [getattr(v, "path", v.name) for v, column in zip(unexchanged, apart.T) if len(set(column.tolist())) > 1]
+        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(unexchanged)]
         if drifted:
             raise ModelError(
                 f"the training step updated {', '.join(drifted)} without model.optimizer (a custom train_step "
@@ -146,12 +142,6 @@ class ExchangedOnly(tf_keras.callbacks.Callback):
                 "of them now differ. Update every trainable weight through model.optimizer (one optimizer; "
                 "keras.optimizers has none that takes two learning rates, but a LossScaleOptimizer or a schedule "
                 "wraps one), or make those weights non-trainable")
-
-
-def _digest(variable):
-    """Eight bytes of BLAKE2 over the variable's value, as an int: equal values, equal digests."""
-    value = np.ascontiguousarray(variable.numpy())
-    return int.from_bytes(hashlib.blake2b(memoryview(value).cast("B"), digest_size=8).digest(), "little", signed=True)
 
 
 class AverageState(tf_keras.callbacks.Callback):

@@ -79,17 +79,13 @@ def train(job, config, channel):
         timings["training"] = time.time() - started
     finally:
         ring.close()
-    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
-        timings["first_step"] = progress.first_step_at - started
     if saves is not None:
         timings["checkpoints"] = saves.save_seconds
-    started = time.time()
-    files, checksum = flavor.write_trained(job, model, workdir, index == 0)
-    timings["trained_model_written"] = time.time() - started
-    finished_at, (_, memory_mb["peak_mb"]) = time.time(), training.resident_mb()
+    files, checksum, finished_at = training.wrap_up(progress, started, timings, memory_mb,
+                                                    lambda: flavor.write_trained(job, model, workdir, index == 0))
     output = FitOutput(
-        steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at,
-        memory=memory_mb, steps_per_execution=flavor.steps_per_execution(model), communication=sent,
+        steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at, memory=memory_mb,
+        steps_per_execution=flavor.steps_per_execution(model), communication=dict(sent, bytes_sent=ring.bytes_sent),
         initial_epoch=epoch_log.initial_epoch or 0, checkpoint_saves=saves and saves.saves,
         resumed_at=resume and dict(zip(("epoch", "step"), start_of(resume, steps_per_epoch)),
                                    steps_done=resume["steps_done"]))

@@ -50,12 +50,8 @@ def train(job, config, channel):
     finally:
         progress.stop_keeping_alive()
     timings["training"] = time.time() - started
-    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
-        timings["first_step"] = progress.first_step_at - started
-    started = time.time()
-    files, checksum = training.write_trained(job, model, workdir, index == 0)
-    timings["trained_model_written"] = time.time() - started
-    finished_at, (_, memory_mb["peak_mb"]) = time.time(), training.resident_mb()
+    files, checksum, finished_at = training.wrap_up(progress, started, timings, memory_mb,
+                                                    lambda: training.write_trained(job, model, workdir, index == 0))
     output = FitOutput(
         steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at, memory=memory_mb,
         initial_epoch=epoch_log.initial_epoch or 0,

@@ -71,7 +71,7 @@ def validation_dataset(job, strategy, config, input_shape, training, context=Non
         job.layout.check_input(input_shape, shard.width)
     else:  # this worker validates padding only, in the form of its training rows (an empty file has none)
         shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype,
-                                    stored=training.stored)
+                                    weight_length=training.weight_length, stored=training.stored)
     steps = config["validation_steps"]
     make = shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps)
     return (make(context) if strategy is None else strategy.distribute_datasets_from_function(make)), steps
@@ -214,6 +214,18 @@ def _replicas_summed_in_batch_logs(model):
     if getattr(model, "distribute_reduction_method", None) in ("auto", "sum"):
         return model.distribute_strategy.num_replicas_in_sync
     return 1
+
+
+def wrap_up(progress, started, timings, memory_mb, write_trained):
+    """After training (``started`` then): the first step's time, the trained model written by
+    ``write_trained()`` ((files, checksum)) and the seconds it took, the peak memory; (files, checksum, the time)."""
+    if progress.first_step_at is not None:  # None when a resumed attempt had no epoch left to run
+        timings["first_step"] = progress.first_step_at - started
+    writing = time.time()
+    files, checksum = write_trained()
+    timings["trained_model_written"] = time.time() - writing
+    finished_at, (_, memory_mb["peak_mb"]) = time.time(), resident_mb()
+    return files, checksum, finished_at
 
 
 def resident_mb():
