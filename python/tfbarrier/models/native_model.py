@@ -163,6 +163,7 @@ class NativeModel:
         if not model.weights:
             raise ModelError("the model has no weights yet (a subclassed model makes them when first called): "
                              "call it once on a batch, e.g. model(x[:1]), or model.build(input_shape), before fit()")
+        refuse_lost_adapters(model)
         input_shape = input_shape_of(model)
         pickled = pickled_custom_objects(model)
         try:
@@ -184,6 +185,18 @@ class NativeModel:
         """The trained model on the driver: the chief's archive at ``path``, loaded with ``original``'s
         custom objects."""
         return load_archive(path, custom_objects(original))
+
+
+def refuse_lost_adapters(model):
+    """Refuse a model with a LoRA-enabled KerasHub backbone: its ``.keras`` archive keeps the backbone's settings,
+    not its adapters or which weights they froze, so the workers would train every weight and return no adapters."""
+    for layer in model._flatten_layers(include_self=True):
+        if getattr(layer, "_lora_enabled_layers", None):
+            raise ModelError(
+                f"{layer.name} has LoRA enabled (enable_lora), which a .keras archive does not keep: KerasHub rebuilds "
+                "a backbone from its settings, so every worker would train all of its weights and return no adapters. "
+                "tfbarrier cannot fine-tune LoRA adapters of a KerasHub model yet: fit it without enable_lora(), or "
+                "freeze what should not train with layer.trainable = False")
 
 
 def load_archive(path, objects):
