@@ -141,7 +141,10 @@ class Keras3:
         optimizer.apply = apply_mean
 
     def write_trained(self, job, model, workdir, is_chief):
-        """(the chief's ``.keras`` archive for the driver, the weights' checksum)."""
+        """(the chief's ``.keras`` archive for the driver, the weights' checksum); with adapters, which no
+        archive keeps, its weights file."""
+        if getattr(job.model, "adapters", ()):
+            return training.write_trained(job, model, workdir, is_chief)
         if is_chief:
             model.save(os.path.join(workdir, TRAINED_ARCHIVE_FILE))
         return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)

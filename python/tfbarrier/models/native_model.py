@@ -15,11 +15,13 @@ Nothing here imports TensorFlow or Keras at module import time.
 
 import dataclasses
 import os
+import tempfile
 
 import cloudpickle
 
 from tfbarrier.errors import InvalidArgumentError, ModelError
-from tfbarrier.models.model_spec import ModelSpec, keras_flavor, save_archive
+from tfbarrier.models.model_spec import ModelSpec, keras_flavor, read_weights, save_archive
+from tfbarrier.spark import workdirs
 from tfbarrier.spark.job import pickle_user_code
 
 ARCHIVE_FILE = "model.keras"  # the model as the driver sends it
@@ -150,6 +152,8 @@ class NativeModel:
     objects: object = None
     input_shape: tuple = None
     size: object = None  # memory.ModelSize
+    adapters: tuple = ()  # Adapters of each LoRA-enabled KerasHub backbone, which its archive does not keep
+    frozen: frozenset = frozenset()  # the paths of the weights that do not train (a flag no archive keeps)
     flavor = "keras3"
     native = True
 
@@ -163,7 +167,7 @@ class NativeModel:
         if not model.weights:
             raise ModelError("the model has no weights yet (a subclassed model makes them when first called): "
                              "call it once on a batch, e.g. model(x[:1]), or model.build(input_shape), before fit()")
-        refuse_lost_adapters(model)
+        adapters = Adapters.of(model, files)
         input_shape = input_shape_of(model)
         pickled = pickled_custom_objects(model)
         try:
@@ -173,30 +177,76 @@ class NativeModel:
                              "its custom layers and models a get_config() (Keras's guide 'Save, serialize, and "
                              "export models')") from exc
         return cls(archive=files.add_bytes(ARCHIVE_FILE, archive), objects=files.add_bytes(OBJECTS_FILE, pickled),
-                   input_shape=input_shape, size=memory.ModelSize.of(model))
+                   input_shape=input_shape, size=memory.ModelSize.of(model), adapters=adapters,
+                   frozen=frozenset(v.path for v in model.weights if not v.trainable))
 
     def build(self, workdir):
-        """The compiled Keras 3 model in a training process, with the driver's weights."""
+        """The compiled Keras 3 model in a training process, with the driver's weights (and adapters), the
+        driver's frozen weights frozen: before its optimizer makes slots for them."""
         with open(self.objects.path(workdir), "rb") as f:
             objects = cloudpickle.load(f)
-        return load_archive(self.archive.path(workdir), objects)
+        return self._restored(load_archive(self.archive.path(workdir), objects), workdir)
+
+    def _restored(self, model, workdir=None):
+        """``model`` with the driver's adapters (their values from ``workdir``; None: enabled only) and frozen
+        weights."""
+        layers = list(model._flatten_layers(include_self=True))
+        for adapters in self.adapters:
+            adapters.restore(layers[adapters.index], workdir)
+        for variable in model.weights:
+            if variable.path in self.frozen:
+                variable.trainable = False
+        return model
 
     def trained_model(self, original, path):
         """The trained model on the driver: the chief's archive at ``path``, loaded with ``original``'s
-        custom objects."""
-        return load_archive(path, custom_objects(original))
+        custom objects; with adapters, ``original`` copied (adapters restored) and the chief's weights file at
+        ``path`` read into it."""
+        if not self.adapters:
+            return load_archive(path, custom_objects(original))
+        with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+            copy = os.path.join(tmp, ARCHIVE_FILE)
+            with workdirs.private_file(copy) as f:
+                f.write(save_archive(original))
+            model = self._restored(load_archive(copy, custom_objects(original)))
+        read_weights(path, model.weights)
+        return model
 
 
-def refuse_lost_adapters(model):
-    """Refuse a model with a LoRA-enabled KerasHub backbone: its ``.keras`` archive keeps the backbone's settings,
-    not its adapters or which weights they froze, so the workers would train every weight and return no adapters."""
-    for layer in model._flatten_layers(include_self=True):
-        if getattr(layer, "_lora_enabled_layers", None):
-            raise ModelError(
-                f"{layer.name} has LoRA enabled (enable_lora), which a .keras archive does not keep: KerasHub rebuilds "
-                "a backbone from its settings, so every worker would train all of its weights and return no adapters. "
-                "tfbarrier cannot fine-tune LoRA adapters of a KerasHub model yet: fit it without enable_lora(), or "
-                "freeze what should not train with layer.trainable = False")
+@dataclasses.dataclass(frozen=True)
+class Adapters:
+    """A LoRA-enabled KerasHub backbone's adapters: where it is among the model's layers (``index``), its
+    rank, the layers it enabled them on, and their weights (``save_lora_weights``'s file, a payload)."""
+
+    index: int
+    rank: int
+    targets: tuple
+    weights: object
+
+    @classmethod
+    def of(cls, model, files):
+        """The adapters of each LoRA-enabled backbone in ``model``, their weights added to ``files``."""
+        found = []
+        for index, layer in enumerate(model._flatten_layers(include_self=True)):
+            enabled = getattr(layer, "_lora_enabled_layers", None)
+            if not enabled:
+                continue
+            with_weights = [inner for inner in layer._flatten_layers(include_self=False) if inner.weights]
+            with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+                path = os.path.join(tmp, f"adapters-{index}.lora.h5")
+                layer.save_lora_weights(path)
+                with open(path, "rb") as f:
+                    payload = files.add_bytes(os.path.basename(path), f.read())
+            found.append(cls(index, layer._lora_rank, tuple(dict.fromkeys(with_weights[i].name for i in enabled)),
+                             payload))
+        return tuple(found)
+
+    def restore(self, backbone, workdir=None):
+        """Enable the adapters on ``backbone`` (a copy of the model's) and load the driver's values from
+        ``workdir`` (None: enabled only, their values read later)."""
+        backbone.enable_lora(self.rank, target_layer_names=list(self.targets))
+        if workdir is not None:
+            backbone.load_lora_weights(self.weights.path(workdir))
 
 
 def load_archive(path, objects):
