@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from tfbarrier import checks
+from tfbarrier.data import text
 from tfbarrier.data.features import check_width
 from tfbarrier.data.layouts import layout as features_layout
 from tfbarrier.data.stored_forms import stored_form
@@ -319,6 +320,8 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     if output == "features":
         model = feature_extractor(model, layer)
     layout = features_layout(data.schema, features, scoring=True)
+    if layout.takes_text:
+        text.check_model(model, layout.features[0], flavor == "keras3")
     input_shape = _input_shape(model)
     layout.check_input(input_shape)  # predict stays lazy: array lengths are checked batch by batch in the tasks
     heads = _heads(model, output_col, output, data.columns)

@@ -15,7 +15,8 @@ How the shard holds x and y, and how a training process reads them back, is stor
 
 The kinds: numeric columns (``NumericColumns``), one array column of numbers (``ArrayColumn``), one
 Spark ML vector column, dense or sparse (``VectorColumn``), one binary column of encoded images
-(``ImageColumn``), and one column per model input (``NamedInputs``: ``features={input: column}``).
+(``ImageColumn``), one string column that the model's own preprocessor reads (text.TextColumn), and one
+column per model input (``NamedInputs``: ``features={input: column}``).
 """
 
 import dataclasses
@@ -106,6 +107,7 @@ class Features:
     outputs: tuple = None
     sequences: tuple = ()  # the label and weight columns that hold an array per row (a value per position)
     noun = "feature column", "arrays", "length"  # how messages name the column, its rows, their width
+    takes_text = False  # the model's own preprocessor makes its inputs from strings (TextColumn)
 
     @property
     def labels(self):

@@ -5,6 +5,7 @@ numbers (a sequence label: a causal LM's next tokens, a tagger's classes), whose
 sample weights may weigh."""
 
 from tfbarrier.data.features import ArrayColumn, ImageColumn, NamedInputs, NumericColumns, VectorColumn
+from tfbarrier.data.text import TextColumn
 from tfbarrier.errors import ColumnError, InvalidArgumentError
 
 
@@ -113,7 +114,7 @@ def _input_columns(features, types):
 
 
 def _kind(features, types):
-    from pyspark.sql.types import ArrayType, BinaryType, StructType
+    from pyspark.sql.types import ArrayType, BinaryType, StringType, StructType
 
     data_type = types[features[0]]
     if len(features) == 1 and isinstance(data_type, StructType) \
@@ -125,6 +126,8 @@ def _kind(features, types):
         )
     if len(features) == 1 and isinstance(data_type, BinaryType):
         return ImageColumn
+    if len(features) == 1 and isinstance(data_type, StringType):
+        return TextColumn
     if len(features) == 1 and _is_vector(data_type):
         return VectorColumn
     if len(features) == 1 and isinstance(data_type, ArrayType):
@@ -136,7 +139,7 @@ def _kind(features, types):
         if not _is_numeric(types[name]):
             raise ColumnError(
                 f"feature column {name!r} has type {types[name].simpleString()}; features must be numeric "
-                "columns, one array column of numbers, one Spark ML vector column, or one binary column of "
-                "encoded images"
+                "columns, one array column of numbers, one Spark ML vector column, one binary column of "
+                "encoded images, or one string column (for a model that carries a preprocessor)"
             )
     return NumericColumns

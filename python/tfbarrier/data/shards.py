@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from tfbarrier.data import text
 from tfbarrier.data.stored_forms import (label_bytes, label_dtype, label_spec, label_zeros, labels_to_numpy, rows_of,
                                          stored_form, take)
 
@@ -146,6 +147,7 @@ class Shard:
     weighted: bool = False  # rows carry a sample weight (w)
     weight_length: int = None  # ...a weight per position of a sequence label, that many; None: one per row
     stored: object = None  # how x is held (stored_forms.STORED_FORMS)
+    preprocessor: object = None  # a text column's: the model's own, which makes its inputs batch by batch (text.py)
 
     @classmethod
     def open(cls, path, rows):
@@ -233,20 +235,24 @@ def _signature(shard, input_shape, present=False):
     return (x_spec, label_spec(tf, shard.label_dtype), *[tf.TensorSpec((None,), tf.float32)] * present, *weights)
 
 
-def _batched(ds, shard, input_shape, batch, then=None):
+def _batched(ds, shard, input_shape, batch, then=None, validation=False):
     """Rows -> what the strategy takes: x made ready (images decoded in parallel), ``then`` (a map) applied, batches of
-    ``batch`` rows (every one full), tf.data's auto-sharding off (each worker has its own shard), prefetched."""
+    ``batch`` rows (every one full), texts made the model's inputs by its preprocessor (``validation``: batches of
+    validation_dataset_fn's), tf.data's auto-sharding off (each worker has its own shard), prefetched."""
     import tensorflow as tf
 
     ds = shard.stored.prepared(tf, ds, input_shape)
     if then is not None:
         ds = ds.map(then, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(batch, drop_remainder=True)
+    if shard.preprocessor is not None:
+        ds = text.preprocessed(ds, shard.preprocessor, validation)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     # No autotuning: its thread's measurements compete for the cores a worker's step needs (a worker
     # has one, bench/README.md), for a pipeline whose only tunable part is this prefetch.
     options.autotune.enabled = False
-    return ds.batch(batch, drop_remainder=True).with_options(options).prefetch(PREFETCH_BATCHES)
+    return ds.with_options(options).prefetch(PREFETCH_BATCHES)
 
 
 def class_weighted(class_weight):
@@ -327,6 +333,6 @@ def validation_dataset_fn(shard, input_shape, global_batch_size, steps):
                 yield x, label_zeros(padding, shard.label_dtype), np.zeros(padding, np.float32), shard.weights(padding, 0)
 
         return _batched(tf.data.Dataset.from_generator(rows, output_signature=signature).unbatch(), shard,
-                        input_shape, batch)
+                        input_shape, batch, validation=True)
 
     return make

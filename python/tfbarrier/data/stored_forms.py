@@ -4,6 +4,7 @@ reads them back: the process-side half of a feature layout (features.py), Tensor
 - ``FloatRows``: a fixed-size list of float32 per row, one flat feature vector reshaped to the model's input;
 - ``IntRows``: the same of int64, for integer ids (tokens, categories), which reach the model as integers;
 - ``EncodedImages``: one encoded image file per row, decoded after the shuffle;
+- ``Texts``: one string per row, which the model's own preprocessor turns into its inputs (data/text.py);
 - ``NamedRows``: a struct with a field per model input (``features={input: column}``), each field in one
   of the forms above, read back as {input name: rows}.
 
@@ -128,6 +129,55 @@ class EncodedImages:
         return undecodable_row(rows, input_shape)
 
 
+class Texts:
+    """x as one string per row (UTF-8), which the model's own preprocessor (a KerasHub task's tokenizer and
+    packer) turns into the model's inputs batch by batch: text.py maps it in a training process, and a task's
+    ``predict_on_batch`` runs it when scoring."""
+
+    decoded = False
+
+    @staticmethod
+    def matches(x_type):
+        return pa.types.is_string(x_type)
+
+    @staticmethod
+    def width(x_type):
+        return None
+
+    @staticmethod
+    def to_numpy(column):
+        return column.to_numpy(zero_copy_only=False)
+
+    @staticmethod
+    def bytes_of(column):
+        return [value.encode() for value in column.to_pylist()]
+
+    @staticmethod
+    def model_x(x, input_shape):
+        return x
+
+    @staticmethod
+    def spec(tf, input_shape):
+        return tf.TensorSpec((None,), tf.string)
+
+    @staticmethod
+    def prepared(tf, ds, input_shape):
+        return ds
+
+    @staticmethod
+    def scoring_input(tf, rows, input_shape, batch_size):
+        """Batches of the strings, which the model's preprocessor tokenizes (a task's ``predict_on_batch``)."""
+        return tf.data.Dataset.from_tensor_slices(rows.astype(object)).batch(batch_size)
+
+    @staticmethod
+    def padding(tf, count, input_shape):
+        return np.array([""] * count, dtype=object)
+
+    @staticmethod
+    def first_unreadable(rows, input_shape):
+        return None
+
+
 class IntRows(FloatRows):
     """x as a fixed-size list of int64 per row: integer columns and arrays of integers (token ids, category
     ids) reach the model as integers, exact beyond float32's 2**24."""
@@ -203,7 +253,7 @@ class NamedRows:
         return None
 
 
-STORED_FORMS = (IntRows, FloatRows, EncodedImages, NamedRows)
+STORED_FORMS = (IntRows, FloatRows, EncodedImages, Texts, NamedRows)
 
 
 def stored_form(x_type):

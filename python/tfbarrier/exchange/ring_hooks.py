@@ -40,7 +40,8 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None):
             sparse = [i for i, grad in enumerate(grads) if isinstance(grad, tf.IndexedSlices)]
             # last layers first: the backward pass makes their gradients first, so the first packs can travel
             # while it goes on (each pack waits only for its own gradients and the pack before it)
-            dense = [(i, grad) for i, grad in enumerate(grads) if grad is not None and i not in sparse][::-1]
+            dense = [(i, _shaped(grad, variables, i)) for i, grad in enumerate(grads)
+                     if grad is not None and i not in sparse][::-1]
             for pack in _packs(dense, pack_bytes):
                 with tf.control_dependencies(after):
                     flat = tf.concat([tf.reshape(tf.cast(grad, dtype), [-1]) for _, grad in pack], 0)
@@ -72,6 +73,14 @@ def _gathered_slices(grad, ring, after):
         indices = tf.numpy_function(gather, [grad.indices], grad.indices.dtype, stateful=True)
     values = tf.reshape(values, [-1, *grad.values.shape[1:]]) / tf.cast(ring.size, grad.values.dtype)
     return tf.IndexedSlices(values, tf.reshape(indices, [-1]), grad.dense_shape), [indices]
+
+
+def _shaped(grad, variables, index):
+    """``grad`` with its variable's static shape when its own is not known as traced (a slice's gradient
+    where the batches' sequence length is dynamic, as a preprocessor makes them): packs need sizes."""
+    if grad.shape.is_fully_defined() or variables is None:
+        return grad
+    return tf.reshape(grad, variables[index].shape)
 
 
 def _packs(gradients, pack_bytes):

@@ -18,6 +18,7 @@ tfbarrier's callbacks (progress, epoch log, validation, checkpoints) are tf_kera
 """
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -29,7 +30,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfbarrier import settings
-from tfbarrier.data import shards
+from tfbarrier.data import shards, text
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_checkpoints import RingCheckpoints, fit_plan
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
@@ -52,6 +53,8 @@ def train(job, config, channel):
     try:
         flavor, exchanged = Keras3() if getattr(job.model, "native", False) else TfKeras(), set()
         model, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged)
+        if job.layout.takes_text:  # its preprocessor makes the batches; fit must not run it again
+            shard = dataclasses.replace(shard, preprocessor=text.take_off(model))
         # unknown (a subclassed model): the rows' width, or each named input's (stored_forms.NamedRows)
         input_shape = flavor.input_shape(job, model) or (None if isinstance(shard.width, dict) else (shard.width,))
         job.layout.check_input(input_shape, shard.width)
@@ -82,7 +85,7 @@ def train(job, config, channel):
     if saves is not None:
         timings["checkpoints"] = saves.save_seconds
     files, checksum, finished_at = training.wrap_up(progress, started, timings, memory_mb,
-                                                    lambda: flavor.write_trained(job, model, workdir, index == 0))
+                                                    lambda: flavor.write_trained(job, _whole(model, shard), workdir, index == 0))
     output = FitOutput(
         steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at, memory=memory_mb,
         steps_per_execution=flavor.steps_per_execution(model), communication=dict(sent, bytes_sent=ring.bytes_sent),
@@ -196,6 +199,11 @@ class TfKeras(Keras3):
 
     def write_trained(self, job, model, workdir, is_chief):
         return training.write_trained(job, model, workdir, is_chief)
+
+
+def _whole(model, shard):
+    """The model as the user gave it: with the preprocessor its text batches were made by, when it has one."""
+    return model if shard.preprocessor is None else text.put_back(model, shard.preprocessor)
 
 
 def _join(job, config, index):

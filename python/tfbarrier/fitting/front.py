@@ -7,7 +7,7 @@ import time
 
 from tfbarrier import checks, settings, tracking
 from tfbarrier import exchange as exchanges
-from tfbarrier.data import parquet_source
+from tfbarrier.data import parquet_source, text
 from tfbarrier.data.layouts import layout as features_layout
 from tfbarrier.errors import ReplicasDivergedError
 from tfbarrier.exchange import tls
@@ -37,8 +37,10 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
     validation_data, held_out_and_saved = _validation_and_saving(
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     spark = data.sparkSession
+    if layout.takes_text:
+        text.check_model(model, layout.features[0], native_model.keras_flavor(model) == "keras3")
     spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
-                                     named=layout.named)
+                                     named=layout.named or layout.takes_text)
     native = getattr(spec, "native", False)
     if native:
         native_model.check_options(**{"class_weight with a label per output": (

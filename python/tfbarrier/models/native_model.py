@@ -14,6 +14,7 @@ Nothing here imports TensorFlow or Keras at module import time.
 """
 
 import dataclasses
+import json
 import os
 import tempfile
 
@@ -258,5 +259,35 @@ def load_archive(path, objects):
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+        warnings.filterwarnings("ignore", message=r"`compile\(\)` was not called as part of model loading")
         model = keras.saving.load_model(os.fspath(path), custom_objects=objects, compile=True)
+    if type(model).compile is not keras.Model.compile:
+        _compile_as_saved(model, path, objects)
     return model
+
+
+def _compile_as_saved(model, path, objects):
+    """Compile ``model``, loaded from the archive at ``path``, as the archive says it was compiled, its optimizer's
+    saved variables restored: Keras skips both for a model whose class overrides ``compile`` (every KerasHub task,
+    which its own constructor compiles with its defaults: Adam, whatever the user chose)."""
+    import io
+    import zipfile
+
+    import h5py
+    import keras
+
+    with zipfile.ZipFile(path) as archive:
+        config = json.loads(archive.read("config.json")).get("compile_config")
+        weights = archive.read("model.weights.h5")
+    if not config:
+        return
+    with keras.saving.custom_object_scope(objects or {}):
+        model.compile(**keras.saving.deserialize_keras_object(config))
+    with h5py.File(io.BytesIO(weights), "r") as store:
+        saved = store.get("optimizer/vars")
+        values = [saved[str(i)][()] for i in range(len(saved))] if saved is not None else []
+    if len(values) > len(model.optimizer.variables):  # the driver's optimizer was built: it has slots
+        model.optimizer.build(model.trainable_variables)
+    if len(values) == len(model.optimizer.variables):
+        for variable, value in zip(model.optimizer.variables, values):
+            variable.assign(value)

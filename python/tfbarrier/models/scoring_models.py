@@ -1,6 +1,7 @@
 """How a model reaches predict's executors, and is loaded there once per Python worker.
 
-The model travels as its config and a weights file (model_spec.py) that the driver serves for as
+The model travels as its config and a weights file (model_spec.py), or a Keras 3 model with a preprocessor
+(data/text.py) as its ``.keras`` archive, whose assets hold the tokenizer's vocabulary; the driver serves it for as
 long as it runs (transfer.session_server): each executor host fetches the file once into its
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
 worker rebuilds the model once and keeps the last _CACHE_SIZE. Where Spark encrypts its traffic, so does
@@ -24,7 +25,8 @@ from tfbarrier import atomic
 from tfbarrier.errors import ClusterError
 from tfbarrier.exchange import tls as job_tls
 from tfbarrier.models import native_model
-from tfbarrier.models.model_spec import keras_flavor, keras_module, read_weights, tf_variable, write_weights
+from tfbarrier.models.model_spec import (keras_flavor, keras_module, read_weights, save_archive, tf_variable,
+                                         write_weights)
 from tfbarrier.settings import MODEL_LOAD_LOG_ENV
 from tfbarrier.spark import cluster, driver_link, transfer
 from tfbarrier.spark.attachment import is_attached
@@ -39,11 +41,20 @@ def scoring_model(spark, model):
     the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
     broadcast; and an id naming that model."""
     flavor, config = keras_flavor(model), model.to_json()
-    # The weights' digest names their file: the session's server writes a content it serves already only once.
-    name = f"{write_weights(model.weights)[:32]}-scoring.safetensors"
+    if flavor == "keras3" and getattr(model, "preprocessor", None) is not None:
+        # a text model's preprocessor keeps its vocabulary in the archive's assets, which no config holds
+        archive = save_archive(model)
+        name = f"{hashlib.sha256(archive).hexdigest()[:32]}-scoring.keras"
 
-    def write(path):
-        write_weights(model.weights, path)
+        def write(path):
+            with open(path, "wb") as f:
+                f.write(archive)
+    else:
+        # The weights' digest names their file: the session's server writes a content it serves already only once.
+        name = f"{write_weights(model.weights)[:32]}-scoring.safetensors"
+
+        def write(path):
+            write_weights(model.weights, path)
 
     source = None
     if cluster.driver_link_enabled(spark) and not is_attached(spark):
@@ -123,9 +134,12 @@ def load(scoring):
                 pass  # TensorFlow already initialised by earlier code in this worker
         keras = keras_module(scoring["flavor"])
         objects = cloudpickle.loads(scoring["objects"]) if scoring.get("objects") else {}
-        with keras.saving.custom_object_scope(objects) if objects else contextlib.nullcontext():
-            model = keras.models.model_from_json(scoring["config"])
-        read_weights(weights_file(scoring), model.weights, lambda variable: [tf_variable(variable)])
+        if scoring["payload"].name.endswith(".keras"):
+            model = native_model.load_archive(weights_file(scoring), objects)
+        else:
+            with keras.saving.custom_object_scope(objects) if objects else contextlib.nullcontext():
+                model = keras.models.model_from_json(scoring["config"])
+            read_weights(weights_file(scoring), model.weights, lambda variable: [tf_variable(variable)])
         _models[model_id] = model
         while len(_models) > _CACHE_SIZE:
             _models.popitem(last=False)

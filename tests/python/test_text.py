@@ -1,0 +1,92 @@
+"""Text in: a string column feeds a model that carries its own preprocessor (a KerasHub task's tokenizer and
+packer), run batch by batch in the training processes as the rows stream, no token arrays made in Spark. A
+KerasHub BertTextClassifier whose WordPiece tokenizer is built from a small vocabulary (no download), fitted from
+a string column on 2 workers, ends with the losses, validation loss and weights of one process's
+``classifier.fit`` on the same strings, then scores a string column on the executors as its local ``predict``
+does; a string column for a model that cannot read it is refused on the driver, before any Spark job."""
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import partitioned
+
+import tfbarrier
+from tfbarrier.errors import ModelError
+
+ROWS_PER_WORKER = 16
+GLOBAL_BATCH = 8
+WORDS = ["good", "great", "fine", "bad", "awful", "poor", "the", "a", "movie", "film", "was", "is", "plot"]
+VOCABULARY = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+
+
+def classifier():
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(5)
+    tokenizer = keras_hub.tokenizers.BertTokenizer(vocabulary=VOCABULARY, lowercase=True)
+    preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer, sequence_length=8)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=len(VOCABULARY), num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=8, dropout=0.0)
+    model = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=preprocessor,
+                                                dropout=0.0)
+    model.compile(optimizer=keras.optimizers.SGD(0.2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["sparse_categorical_accuracy"])
+    return model
+
+
+def reviews(rows, seed):
+    """Short reviews whose label is whether a good word outnumbers a bad one (Upper case: the tokenizer lowers)."""
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for _ in range(rows):
+        words = list(rng.choice(WORDS, rng.integers(2, 7)))
+        labels.append(int(sum(w in WORDS[:3] for w in words) > sum(w in WORDS[3:6] for w in words)))
+        texts.append(" ".join(words).capitalize())
+    return pd.DataFrame({"text": texts, "label": labels})
+
+
+def in_global_batches(frame):
+    """The rows in the order one process sees the 2 workers' global batches (half a batch each, no shuffle)."""
+    half = GLOBAL_BATCH // 2
+    order = np.concatenate([np.r_[i:i + half, ROWS_PER_WORKER + i:ROWS_PER_WORKER + i + half]
+                            for i in range(0, ROWS_PER_WORKER, half)])
+    return frame.iloc[order]
+
+
+def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_one(spark):
+    model, reference = classifier(), classifier()  # seeded: the same weights
+    data, held_out = reviews(2 * ROWS_PER_WORKER, seed=1), reviews(GLOBAL_BATCH, seed=2)
+    df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
+    result = tfbarrier.fit(df, model, features="text", label="label", epochs=3, batch_size=GLOBAL_BATCH,
+                           validation_data=spark.createDataFrame(held_out), num_workers=2, shuffle=False)
+
+    ordered = in_global_batches(data)
+    history = reference.fit(ordered["text"].to_numpy(), ordered["label"].to_numpy(), batch_size=GLOBAL_BATCH,
+                            epochs=3, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
+    assert history["loss"][-1] < history["loss"][0]
+    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-3, atol=1e-4)
+    evaluated = reference.evaluate(held_out["text"].to_numpy(), held_out["label"].to_numpy(), batch_size=GLOBAL_BATCH,
+                                   return_dict=True, verbose=0)
+    np.testing.assert_allclose(result.history["val_loss"][-1], evaluated["loss"], rtol=1e-4)
+    assert result.model.preprocessor is not None  # what came back reads strings as the user's model did
+    assert type(result.model.optimizer).__name__ == "SGD"  # compiled as the user compiled it, not as a task's default
+
+    scored = tfbarrier.predict(spark.createDataFrame(held_out).repartition(2), result.model, features="text",
+                               output="raw").toPandas()
+    local = result.model.predict(scored["text"].to_numpy(), verbose=0)
+    np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-4, atol=1e-5)
+
+
+def test_a_string_column_for_a_model_without_a_preprocessor_is_refused_before_any_spark_job(spark):
+    model = classifier()
+    model.preprocessor = None
+    df = spark.createDataFrame(reviews(8, seed=3))
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    for call in (lambda: tfbarrier.fit(df, model, features="text", label="label", num_workers=2),
+                 lambda: tfbarrier.predict(df, model, features="text")):
+        with pytest.raises(ModelError, match=r"feature column 'text' holds strings, but the model cannot read them: "
+                                             r"it has no preprocessor.*or tokenize the column"):
+            call()
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
