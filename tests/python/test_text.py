@@ -29,7 +29,8 @@ def classifier():
                                              intermediate_dim=16, max_sequence_length=8, dropout=0.0)
     model = keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=preprocessor,
                                                 dropout=0.0)
-    model.compile(optimizer=keras.optimizers.SGD(0.2), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    model.compile(optimizer=keras.optimizers.SGD(0.2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["sparse_categorical_accuracy"])
     return model
 

@@ -84,8 +84,9 @@ def train(job, config, channel):
         ring.close()
     if saves is not None:
         timings["checkpoints"] = saves.save_seconds
+    model = _whole(model, shard)
     files, checksum, finished_at = training.wrap_up(progress, started, timings, memory_mb,
-                                                    lambda: flavor.write_trained(job, _whole(model, shard), workdir, index == 0))
+                                                    lambda: flavor.write_trained(job, model, workdir, index == 0))
     output = FitOutput(
         steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at, memory=memory_mb,
         steps_per_execution=flavor.steps_per_execution(model), communication=dict(sent, bytes_sent=ring.bytes_sent),
