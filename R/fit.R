@@ -18,11 +18,14 @@
 #'   `tf_spark_dataframe(spark, dir, format = "binaryFile")`), decoded in the training processes and
 #'   resized to the model's `(height, width, channels)` input as values in 0-255. For a Keras 3 model of
 #'   several inputs, one column per input, named by the input's name:
-#'   `c(token_ids = "ids", padding_mask = "mask")`; integer columns reach the model as integers.
+#'   `c(token_ids = "ids", padding_mask = "mask")`; integer columns reach the model as integers. Or one
+#'   character column, for a Keras 3 model that carries its own preprocessor (a KerasHub task such as
+#'   `BertTextClassifier`), which the training processes run on the text.
 #' @param label A numeric column, or an array column of numbers (a sequence label, a value per position:
 #'   a causal LM's next tokens, weighed per position by a `sample_weight` array column passed in `...`); for a
 #'   Keras 3 model of several outputs, one per output, named by the output's name:
-#'   `c(cls = "kind", reg = "target")`.
+#'   `c(cls = "kind", reg = "target")`. `NULL` only for a character column whose model's preprocessor makes
+#'   the labels (a causal LM's).
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
 #' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held
@@ -65,14 +68,15 @@
 #'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,
 #'   `"ClusterError"`, `"WorkerError"`...) followed by `"TfBarrierError"` and `"tfbarrier_error"`.
 #' @export
-spark_tf_fit <- function(sdf, model, features, label, epochs = 1L, batch_size = 32L, num_workers = 2L, ...,
+spark_tf_fit <- function(sdf, model, features, label = NULL, epochs = 1L, batch_size = 32L, num_workers = 2L, ...,
                          validation_data = NULL, spark = NULL) {
-  check_given(c("sdf", "model", "features", "label"))
+  check_given(c("sdf", "model", "features"))
   sdf <- as_spark_dataframe(sdf, spark)
   if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
   result <- tf_call(core$fit(
-    sdf, model, features = as_column_names(features), label = as_column_names(label), epochs = as_int(epochs),
-    batch_size = as_int(batch_size), num_workers = as_int(num_workers), validation_data = validation_data, ...
+    sdf, model, features = as_column_names(features), label = if (!is.null(label)) as_column_names(label),
+    epochs = as_int(epochs), batch_size = as_int(batch_size), num_workers = as_int(num_workers),
+    validation_data = validation_data, ...
   ))
   new_fit(result, features)
 }

@@ -12,7 +12,7 @@ from tfbarrier.spark import functions, preflight, transfer
 __all__ = ["FitResult", "apply", "fit", "run"]
 
 
-def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
+def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
         tensorboard_dir=None, env=None, validation_data=None, validation_split=None, validation_freq=1,
@@ -42,9 +42,11 @@ def fit(data, model, *, features, label, epochs=1, batch_size=32, num_workers=2,
         ``content``), decoded in the training processes and resized to the model's (height, width,
         channels) input as float32 in 0-255, like ``keras.utils.image_dataset_from_directory``. For a
         Keras 3 model of several inputs, {input name: column}: each a numeric column, an array column of
-        numbers or a Spark ML vector; integers stay integers (int64).
+        numbers or a Spark ML vector; integers stay integers (int64). Or one string column, for a Keras 3
+        model that carries its own preprocessor (a KerasHub task), which the training processes run on it.
     label : str or dict
-        A numeric column; for a Keras 3 model of several outputs, {output name: column}.
+        A numeric column, or an array column (a value per position); for a Keras 3 model of several outputs,
+        {output name: column}. None only for a text column whose preprocessor makes the labels (a causal LM).
     epochs, batch_size : int
         As in Keras; ``batch_size`` is the global batch, split evenly across workers.
     num_workers : int

@@ -91,3 +91,54 @@ def test_a_string_column_for_a_model_without_a_preprocessor_is_refused_before_an
                                              r"it has no preprocessor.*or tokenize the column"):
             call()
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
+
+
+CHARACTERS = "abcdefgh"
+
+
+def causal_lm():
+    """A GPT-2 causal LM built from a config, its byte-pair tokenizer about a character a token (no download)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(6)
+    vocabulary = {"<|endoftext|>": 0, "Ġ": 1, **{c: i + 2 for i, c in enumerate(CHARACTERS)}}
+    vocabulary["ab"] = len(vocabulary)  # one merge (an empty merge table cannot be made)
+    tokenizer = keras_hub.tokenizers.GPT2Tokenizer(vocabulary=vocabulary, merges=["a b"])
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=12)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=16, dropout=0.0)
+    model = keras_hub.models.GPT2CausalLM(backbone, preprocessor=preprocessor)
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=["sparse_categorical_accuracy"])
+    return model
+
+
+def phrases(rows, seed):
+    """Runs of consecutive letters (a pattern to learn), in words of different lengths."""
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(rows):
+        start, length = rng.integers(0, len(CHARACTERS)), rng.integers(2, 6)
+        word = "".join(CHARACTERS[(start + i) % len(CHARACTERS)] for i in range(length))
+        texts.append(" ".join([word] * int(rng.integers(1, 3))))
+    return pd.DataFrame({"text": texts})
+
+
+def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark):
+    """No label column: the causal LM's preprocessor makes the next tokens and the padding mask from the text."""
+    model, reference = causal_lm(), causal_lm()
+    data, held_out = phrases(2 * ROWS_PER_WORKER, seed=4), phrases(GLOBAL_BATCH, seed=5)
+    df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
+    result = tfbarrier.fit(df, model, features="text", epochs=3, batch_size=GLOBAL_BATCH, num_workers=2,
+                           validation_data=spark.createDataFrame(held_out), shuffle=False)
+
+    history = reference.fit(in_global_batches(data)["text"].to_numpy(), batch_size=GLOBAL_BATCH, epochs=3,
+                            shuffle=False, verbose=0).history
+    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
+    assert history["loss"][-1] < history["loss"][0]
+    for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(trained, expected, rtol=1e-3, atol=1e-4)
+    evaluated = reference.evaluate(held_out["text"].to_numpy(), batch_size=GLOBAL_BATCH, return_dict=True, verbose=0)
+    np.testing.assert_allclose(result.history["val_loss"][-1], evaluated["loss"], rtol=1e-4)
+    np.testing.assert_allclose(result.history["val_sparse_categorical_accuracy"][-1],
+                               evaluated["sparse_categorical_accuracy"], rtol=1e-5)

@@ -258,6 +258,34 @@ test_that("spark_tf_fit trains a KerasHub text classifier on token ids, and it p
   expect_true(all(predicted %in% c(0L, 1L)))
 })
 
+test_that("spark_tf_fit trains a KerasHub text classifier from a character column, and it scores text", {
+  skip_if_no_tfbarrier()
+  keras_hub <- tfbarrier:::import_after_tfbarrier("keras_hub")  # tfbarrier[kerashub]
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  words <- c("good", "great", "fine", "bad", "awful", "poor", "the", "movie")
+  set.seed(5)
+  text <- vapply(1:64, function(i) paste(sample(words, sample(2:6, 1), replace = TRUE), collapse = " "), "")
+  data <- data.frame(text = text, label = as.integer(grepl("good|great|fine", text)))
+  keras$utils$set_random_seed(5L)
+  tokenizer <- keras_hub$tokenizers$BertTokenizer(vocabulary = c("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", words))
+  backbone <- keras_hub$models$BertBackbone(vocabulary_size = 13L, num_layers = 1L, num_heads = 2L, hidden_dim = 8L,
+                                            intermediate_dim = 16L, max_sequence_length = 8L)
+  model <- keras_hub$models$BertTextClassifier(
+    backbone, num_classes = 2L,
+    preprocessor = keras_hub$models$BertTextClassifierPreprocessor(tokenizer, sequence_length = 8L))
+  model$compile(optimizer = keras$optimizers$Adam(0.01),
+                loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
+  fit <- spark_tf_fit(data, model, features = "text", label = "label", epochs = 3, batch_size = 16,
+                      num_workers = 2, spark = test_spark())
+  expect_equal(nrow(fit$history), 3)
+  expect_length(unique(fit$workers$checksum), 1)
+  expect_lt(fit$history$loss[3], fit$history$loss[1])
+  scored <- predict(fit, data[1:20, ], type = "raw")
+  expect_equal(dim(scored), c(20L, 2L))
+  local <- fit$model$predict(reticulate::np_array(data$text[1:20]), verbose = 0L)
+  expect_equal(scored, local, tolerance = 1e-5, ignore_attr = TRUE)
+})
+
 test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs from named columns", {
   skip_if_no_tfbarrier()
   keras <- tfbarrier:::import_after_tfbarrier("keras")

@@ -2,7 +2,7 @@
 the Estimator's ``features=``, ``label=`` and ``sample_weight=`` against the schema, on the driver, and
 refuses what no layout takes, naming the column and the fix. A label is a number per row, or an array of
 numbers (a sequence label: a causal LM's next tokens, a tagger's classes), whose positions an array of
-sample weights may weigh."""
+sample weights may weigh; or none, for a text column whose model's preprocessor makes the labels (a causal LM's)."""
 
 from tfbarrier.data.features import ArrayColumn, ImageColumn, NamedInputs, NumericColumns, VectorColumn
 from tfbarrier.data.text import TextColumn
@@ -65,13 +65,14 @@ def layout(schema, features, label=None, scoring=False, weight=None):
     if not scoring and isinstance(label, dict):
         named = _names("label", label, "output")
         outputs, label = tuple(named), tuple(named.values())
-    elif not scoring and not isinstance(label, str):
+    elif not scoring and not isinstance(label, str) and not (label is None and _is_text(features, schema)):
         raise InvalidArgumentError(f"label must be a column name, or a dict of model output names to column names, "
-                                   f"got {label!r}")
+                                   f"got {label!r} (only a model whose preprocessor makes the labels from a text "
+                                   "column, a causal LM's, trains without one)")
     if weight is not None and not isinstance(weight, str):
         raise InvalidArgumentError(f"sample_weight must be a column name, got {weight!r}")
     types = {field.name: field.dataType for field in schema.fields}
-    labels = [] if scoring else ([label] if isinstance(label, str) else list(label))
+    labels = [] if scoring or label is None else ([label] if isinstance(label, str) else list(label))
     for name in [*features, *labels]:
         if name not in types:
             raise ColumnError(f"column {name!r} is not in the DataFrame; its columns are {sorted(types)}")
@@ -83,6 +84,9 @@ def layout(schema, features, label=None, scoring=False, weight=None):
                 "causal LM's next tokens): cast or index it first"
             )
     sequences = tuple(name for name in labels if _is_numeric_array(types[name]))
+    if weight is not None and not scoring and label is None:
+        raise ColumnError(f"sample_weight column {weight!r} without a label: a preprocessor that makes the labels from "
+                          "the text makes their weights too (a causal LM's padding mask); leave sample_weight out")
     if weight is not None:
         _check_weight(weight, types, sequences)
         sequences += (weight,) if _is_numeric_array(types[weight]) else ()
@@ -91,6 +95,15 @@ def layout(schema, features, label=None, scoring=False, weight=None):
     if inputs is not None:
         return NamedInputs(**common, inputs=inputs, **_input_columns(features, types))
     return _kind(features, types)(**common)
+
+
+def _is_text(features, schema):
+    """Whether ``features`` is one string column of ``schema`` (text.TextColumn's)."""
+    from pyspark.sql.types import StringType
+
+    names = [features] if isinstance(features, str) else features
+    return (isinstance(names, (list, tuple)) and len(names) == 1 and names[0] in schema.names
+            and isinstance(schema[names[0]].dataType, StringType))
 
 
 def _input_columns(features, types):

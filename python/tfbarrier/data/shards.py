@@ -147,7 +147,7 @@ class Shard:
     weighted: bool = False  # rows carry a sample weight (w)
     weight_length: int = None  # ...a weight per position of a sequence label, that many; None: one per row
     stored: object = None  # how x is held (stored_forms.STORED_FORMS)
-    preprocessor: object = None  # a text column's: the model's own, which makes its inputs batch by batch (text.py)
+    text: object = None  # a text column's text.Preprocessing: the model's own preprocessor, batch by batch
 
     @classmethod
     def open(cls, path, rows):
@@ -245,8 +245,8 @@ def _batched(ds, shard, input_shape, batch, then=None, validation=False):
     if then is not None:
         ds = ds.map(then, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(batch, drop_remainder=True)
-    if shard.preprocessor is not None:
-        ds = text.preprocessed(ds, shard.preprocessor, validation)
+    if shard.text is not None:
+        ds = text.preprocessed(ds, shard.text, validation)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     # No autotuning: its thread's measurements compete for the cores a worker's step needs (a worker

@@ -9,8 +9,10 @@ so the trained model that comes back scores strings as the user's did. Scoring n
 ``predict_on_batch`` runs its preprocessor itself.
 """
 
+import dataclasses
 import inspect
 
+import numpy as np
 import pyarrow as pa
 
 from tfbarrier.data.features import Features
@@ -28,6 +30,10 @@ class TextColumn(Features):
 
     def empty_x_type(self):
         return pa.string()
+
+    def y(self, batch):
+        """The label column; without one (the preprocessor makes the labels), a zero a row that it ignores."""
+        return super().y(batch) if self.labels else pa.array(np.zeros(len(batch), np.float32))
 
     def x(self, batch):
         """The text column as a string array (one text per row)."""
@@ -64,6 +70,16 @@ def put_back(model, preprocessor):
     return model
 
 
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """What makes a training process's batches of strings the model's: its ``preprocessor``, called with the
+    labels when the rows have a label column (``labelled``), else on the strings alone (a causal LM's makes
+    the labels and their weights)."""
+
+    preprocessor: object
+    labelled: bool
+
+
 def _takes_labels(preprocessor):
     """Whether the preprocessor is called with the labels and weights (KerasHub's Preprocessor is)."""
     try:
@@ -72,15 +88,18 @@ def _takes_labels(preprocessor):
         return False
 
 
-def preprocessed(ds, preprocessor, validation=False):
-    """``ds``, batches of (strings, labels[, weights]), as the preprocessor makes them: (inputs, labels[,
+def preprocessed(ds, preprocessing, validation=False):
+    """``ds``, batches of (strings, labels[, weights]), as ``preprocessing`` makes them: (inputs, labels[,
     weights]); with ``validation``, batches of (strings, labels, present, weights) whose ``present`` stays."""
     import keras
     import tensorflow as tf
 
+    preprocessor = preprocessing.preprocessor
     labels_too = _takes_labels(preprocessor)
 
     def made(x, y, weights):
+        if not preprocessing.labelled:
+            return keras.utils.unpack_x_y_sample_weight(preprocessor(x))
         out = preprocessor(x, y=y, sample_weight=weights) if labels_too else (preprocessor(x), y, weights)
         return keras.utils.unpack_x_y_sample_weight(out)
 

@@ -54,7 +54,8 @@ def train(job, config, channel):
         flavor, exchanged = Keras3() if getattr(job.model, "native", False) else TfKeras(), set()
         model, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged)
         if job.layout.takes_text:  # its preprocessor makes the batches; fit must not run it again
-            shard = dataclasses.replace(shard, preprocessor=text.take_off(model))
+            preprocessing = text.Preprocessing(text.take_off(model), labelled=job.layout.label is not None)
+            shard = dataclasses.replace(shard, text=preprocessing)
         # unknown (a subclassed model): the rows' width, or each named input's (stored_forms.NamedRows)
         input_shape = flavor.input_shape(job, model) or (None if isinstance(shard.width, dict) else (shard.width,))
         job.layout.check_input(input_shape, shard.width)
@@ -204,7 +205,7 @@ class TfKeras(Keras3):
 
 def _whole(model, shard):
     """The model as the user gave it: with the preprocessor its text batches were made by, when it has one."""
-    return model if shard.preprocessor is None else text.put_back(model, shard.preprocessor)
+    return model if shard.text is None else text.put_back(model, shard.text.preprocessor)
 
 
 def _join(job, config, index):

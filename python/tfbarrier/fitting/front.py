@@ -39,6 +39,8 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
     spark = data.sparkSession
     if layout.takes_text:
         text.check_model(model, layout.features[0], native_model.keras_flavor(model) == "keras3")
+        native_model.check_options(**{"class_weight without a label": (
+            class_weight if layout.label is None else None, "weigh the rows through the preprocessor's labels")})
     spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),
                                      named=layout.named or layout.takes_text)
     native = getattr(spec, "native", False)

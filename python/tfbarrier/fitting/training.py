@@ -72,7 +72,7 @@ def validation_dataset(job, strategy, config, input_shape, training, context=Non
     else:  # this worker validates padding only, in the form of its training rows (an empty file has none)
         shard = dataclasses.replace(shard, width=training.width, label_dtype=training.label_dtype,
                                     weight_length=training.weight_length, stored=training.stored)
-    shard = dataclasses.replace(shard, preprocessor=training.preprocessor)
+    shard = dataclasses.replace(shard, text=training.text)
     steps = config["validation_steps"]
     make = shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps)
     return (make(context) if strategy is None else strategy.distribute_datasets_from_function(make)), steps
