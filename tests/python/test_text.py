@@ -3,16 +3,19 @@ packer), run batch by batch in the training processes as the rows stream, no tok
 KerasHub BertTextClassifier whose WordPiece tokenizer is built from a small vocabulary (no download), fitted from
 a string column on 2 workers, ends with the losses, validation loss and weights of one process's
 ``classifier.fit`` on the same strings, then scores a string column on the executors as its local ``predict``
-does; a string column for a model that cannot read it is refused on the driver, before any Spark job."""
+does; a GPT-2 causal LM fits from a string column alone (its preprocessor makes the labels) as one process
+does; a string column for a model that cannot read it, and weights without a label, are refused on the driver,
+before any Spark job."""
 
 import keras
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import partitioned
+from pyspark.sql import functions as F
 
 import tfbarrier
-from tfbarrier.errors import ModelError
+from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
 
 ROWS_PER_WORKER = 16
 GLOBAL_BATCH = 8
@@ -80,7 +83,7 @@ def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_o
     np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-4, atol=1e-5)
 
 
-def test_a_string_column_for_a_model_without_a_preprocessor_is_refused_before_any_spark_job(spark):
+def test_text_that_cannot_train_is_refused_before_any_spark_job(spark):
     model = classifier()
     model.preprocessor = None
     df = spark.createDataFrame(reviews(8, seed=3))
@@ -90,6 +93,12 @@ def test_a_string_column_for_a_model_without_a_preprocessor_is_refused_before_an
         with pytest.raises(ModelError, match=r"feature column 'text' holds strings, but the model cannot read them: "
                                              r"it has no preprocessor.*or tokenize the column"):
             call()
+    lm = causal_lm()
+    with pytest.raises(ColumnError, match=r"sample_weight column 'w' without a label: a preprocessor that makes the "
+                                          r"labels from the text makes their weights too"):
+        tfbarrier.fit(df.withColumn("w", F.lit(1.0)), lm, features="text", sample_weight="w", num_workers=2)
+    with pytest.raises(InvalidArgumentError, match="class_weight without a label"):
+        tfbarrier.fit(df, lm, features="text", class_weight={0: 2.0}, num_workers=2)
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
 
 
