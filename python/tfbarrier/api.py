@@ -37,16 +37,15 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
         that builds and compiles one with ``tf.keras`` (use this for custom layers).
     features : str, list of str or dict
-        One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, or
-        one binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s
-        ``content``), decoded in the training processes and resized to the model's (height, width,
-        channels) input as float32 in 0-255, like ``keras.utils.image_dataset_from_directory``. For a
+        One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, one
+        binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s
+        ``content``), decoded and resized to the model's (height, width, channels) input as float32 in
+        0-255, or one string column for a model that carries its preprocessor (README "Text in"). For a
         Keras 3 model of several inputs, {input name: column}: each a numeric column, an array column of
-        numbers or a Spark ML vector; integers stay integers (int64). Or one string column, for a Keras 3
-        model that carries its own preprocessor (a KerasHub task), which the training processes run on it.
+        numbers or a Spark ML vector; integers stay integers (int64).
     label : str or dict
-        A numeric column, or an array column (a value per position); for a Keras 3 model of several outputs,
-        {output name: column}. None only for a text column whose preprocessor makes the labels (a causal LM).
+        A numeric column, or an array column (a value per position); {output name: column} for several
+        outputs. None only for text whose preprocessor makes the labels (a causal LM).
     epochs, batch_size : int
         As in Keras; ``batch_size`` is the global batch, split evenly across workers.
     num_workers : int

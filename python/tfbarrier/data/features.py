@@ -82,6 +82,16 @@ def fixed_rows(array, what):
     return pa.FixedSizeListArray.from_arrays(values, longest or 0)
 
 
+def value_column(batch, name, what):
+    """Column ``name`` of ``batch`` (a ``what``: one value a row, bytes or text) without nulls, a large Arrow
+    type made the plain one (stored_forms.ValueRows)."""
+    column = batch.column(name)
+    if column.null_count:
+        raise ColumnError(f"{what} {name!r} has null rows: drop them first")
+    plain = {pa.large_binary(): pa.binary(), pa.large_string(): pa.string()}.get(column.type)
+    return column if plain is None else column.cast(plain)
+
+
 def check_image_input(input_shape):
     """Refuse a model that cannot take decoded images: its input must be (height, width, channels)."""
     if single_input(input_shape) is None:
@@ -293,11 +303,7 @@ class ImageColumn(Features):
 
     def x(self, batch):
         """The image column as a binary array (one encoded image file per row)."""
-        name = self.features[0]
-        column = batch.column(name)
-        if column.null_count:
-            raise ColumnError(f"image column {name!r} has null rows: drop them first")
-        return column.cast(pa.binary()) if pa.types.is_large_binary(column.type) else column
+        return value_column(batch, self.features[0], "image column")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,14 +73,9 @@ class FloatRows:
         return None
 
 
-class EncodedImages:
-    """x as one encoded image file per row, decoded (images.py) after the shuffle, in parallel."""
-
-    decoded = True  # a row that does not decode fails the pipeline: first_unreadable finds it
-
-    @staticmethod
-    def matches(x_type):
-        return pa.types.is_binary(x_type)
+class ValueRows:
+    """x as one variable-length value per row (a file's bytes, a text), held as NumPy objects and reaching
+    TensorFlow as tf.string: the parts of EncodedImages and Texts that are the same."""
 
     @staticmethod
     def width(x_type):
@@ -91,16 +86,26 @@ class EncodedImages:
         return column.to_numpy(zero_copy_only=False)
 
     @staticmethod
-    def bytes_of(column):
-        return column.to_pylist()
-
-    @staticmethod
     def model_x(x, input_shape):
         return x
 
     @staticmethod
     def spec(tf, input_shape):
         return tf.TensorSpec((None,), tf.string)
+
+
+class EncodedImages(ValueRows):
+    """x as one encoded image file per row, decoded (images.py) after the shuffle, in parallel."""
+
+    decoded = True  # a row that does not decode fails the pipeline: first_unreadable finds it
+
+    @staticmethod
+    def matches(x_type):
+        return pa.types.is_binary(x_type)
+
+    @staticmethod
+    def bytes_of(column):
+        return column.to_pylist()
 
     @staticmethod
     def prepared(tf, ds, input_shape):
@@ -129,7 +134,7 @@ class EncodedImages:
         return undecodable_row(rows, input_shape)
 
 
-class Texts:
+class Texts(ValueRows):
     """x as one string per row (UTF-8), which the model's own preprocessor (a KerasHub task's tokenizer and
     packer) turns into the model's inputs batch by batch: text.py maps it in a training process, and a task's
     ``predict_on_batch`` runs it when scoring."""
@@ -141,24 +146,8 @@ class Texts:
         return pa.types.is_string(x_type)
 
     @staticmethod
-    def width(x_type):
-        return None
-
-    @staticmethod
-    def to_numpy(column):
-        return column.to_numpy(zero_copy_only=False)
-
-    @staticmethod
     def bytes_of(column):
         return [value.encode() for value in column.to_pylist()]
-
-    @staticmethod
-    def model_x(x, input_shape):
-        return x
-
-    @staticmethod
-    def spec(tf, input_shape):
-        return tf.TensorSpec((None,), tf.string)
 
     @staticmethod
     def prepared(tf, ds, input_shape):

@@ -15,8 +15,8 @@ import inspect
 import numpy as np
 import pyarrow as pa
 
-from tfbarrier.data.features import Features
-from tfbarrier.errors import ColumnError, ModelError
+from tfbarrier.data.features import Features, value_column
+from tfbarrier.errors import ModelError
 
 
 class TextColumn(Features):
@@ -37,11 +37,7 @@ class TextColumn(Features):
 
     def x(self, batch):
         """The text column as a string array (one text per row)."""
-        name = self.features[0]
-        column = batch.column(name)
-        if column.null_count:
-            raise ColumnError(f"text column {name!r} has null rows: drop or fill them first")
-        return column.cast(pa.string()) if pa.types.is_large_string(column.type) else column
+        return value_column(batch, self.features[0], "text column")
 
 
 def check_model(model, column, keras3):
