@@ -92,7 +92,7 @@ test_that("errors R raises itself carry the documented classes", {
                   "named character vector")
   expect_tf_error(spark_tf_apply(data.frame(x = 1), function(df, barrier) df, columns = c(x = "complex")),
                   "unknown column type")
-  expect_tf_error(spark_tf_fit(data.frame(x = 1), NULL), "spark_tf_fit\\(\\) needs features, label")
+  expect_tf_error(spark_tf_fit(data.frame(x = 1), NULL), "spark_tf_fit\\(\\) needs features")
   expect_tf_error(spark_tf_predict(data.frame(x = 1), list()), "features must name the feature column")
   expect_tf_error(spark_tf_predict(data.frame(x = 1), fit, layer = NA_real_), "1-based position")
   expect_tf_error(spark_tf_tune(data.frame(x = 1), function(p) NULL, "lr", features = "x", label = "y"),
