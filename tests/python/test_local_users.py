@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 import tf_keras
 from conftest import left_behind
@@ -131,30 +132,41 @@ def test_only_a_directory_of_this_user_that_no_other_writes_is_private(tmp_path)
         subprocess.run(["rm", "-rf", private], check=True)
 
 
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _directory(root, name, owner):
+    """A private directory in ``root`` (not the shared temporary directory: sweeping that would race other
+    tests' directories) owned by the process ``owner``."""
+    directory = os.path.join(root, "tfbarrier-test-" + name)
+    os.mkdir(directory, 0o700)
+    workdirs.hand_over(directory, owner)
+    return directory
+
+
 def test_a_directory_whose_owner_is_gone_is_swept_and_a_live_owners_kept(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        gone, kept = workdirs.make("tfbarrier-test-"), workdirs.make("tfbarrier-test-")
-        workdirs.hand_over(gone, owner.pid)
+        gone, kept = _directory(tmp_path, "gone", owner.pid), _directory(tmp_path, "kept", os.getpid())
         open(os.path.join(gone, protocol.LOG_FILE), "w").close()
-        assert workdirs.sweep(force=True) == []  # its owner still runs
+        assert workdirs.sweep(tmp_path, force=True) == []  # its owner still runs
+        owner.kill()
+        while _state(owner.pid) != "Z":  # exited, not reaped yet: its parent may not reap it for long
+            time.sleep(0.05)
+        assert workdirs.sweep(tmp_path, force=True) == [gone]
+        assert not os.path.exists(gone) and os.path.isdir(kept)
+    finally:
         owner.kill()
         owner.wait()
-        assert workdirs.sweep(force=True) == [gone]
-        assert not os.path.exists(gone) and os.path.isdir(kept)  # this process owns the other
-    finally:
-        owner.kill()
-        subprocess.run(["rm", "-rf", kept], check=True)
 
 
-def test_a_directory_whose_owners_pid_now_names_another_process_is_swept():
-    directory = workdirs.make("tfbarrier-test-")
-    try:
-        with open(os.path.join(directory, workdirs.OWNER_FILE), "w") as f:
-            f.write(f"{os.getpid()} 1\n")  # this pid, but a process that started at another time
-        assert workdirs.sweep(force=True) == [directory]
-    finally:
-        subprocess.run(["rm", "-rf", directory], check=True)
+def test_a_directory_whose_owners_pid_now_names_another_process_is_swept(tmp_path):
+    directory = _directory(tmp_path, "reused", os.getpid())
+    with open(os.path.join(directory, workdirs.OWNER_FILE), "w") as f:
+        f.write(f"{os.getpid()} 1\n")  # this pid, but a process that started at another time
+    assert workdirs.sweep(tmp_path, force=True) == [directory]
 
 
 def test_predicts_copies_of_the_model_are_in_the_applications_own_directory(spark, digits_df):

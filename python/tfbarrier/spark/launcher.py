@@ -65,13 +65,19 @@ class TrainingProcess:
         # Its output goes to the log in its home until a task adopts it.
         self.home, env = importable_home("tfbarrier-process-", env)
         ours, theirs = socket.socketpair()
-        with workdirs.private_file(os.path.join(self.home, LOG_FILE)) as log:
-            proc = subprocess.Popen(
-                [python or sys.executable, "-m", "tfbarrier.spark.training_process", str(theirs.fileno())],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
-            )
-        theirs.close()
+        try:
+            with workdirs.private_file(os.path.join(self.home, LOG_FILE)) as log:
+                proc = subprocess.Popen(
+                    [python or sys.executable, "-m", "tfbarrier.spark.training_process", str(theirs.fileno())],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
+                )
+        except BaseException:  # a keeper's stop signal too: no home left behind
+            ours.close()
+            shutil.rmtree(self.home, ignore_errors=True)
+            raise
+        finally:
+            theirs.close()
         self._attach(proc, protocol.Channel(ours))
 
     @classmethod
@@ -205,11 +211,13 @@ class TrainingProcess:
     def stop(self, grace=settings.STOP_GRACE):
         """Terminate the process (SIGTERM, then SIGKILL after ``grace`` seconds) and reap it."""
         self.channel.close()
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        shutil.rmtree(self.home, ignore_errors=True)
+        try:
+            if self._proc.poll() is None:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(grace)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+        finally:  # however the wait ends
+            shutil.rmtree(self.home, ignore_errors=True)

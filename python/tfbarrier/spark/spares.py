@@ -47,6 +47,7 @@ from tfbarrier.spark.launcher import TrainingProcess, importable_home, name_proc
 
 EXITED = "exited"  # keeper -> task: the training process exited, with its ``code``
 SIGNAL = "signal"  # task -> keeper: send the process ``signal``
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # the keeper cleans up and exits on either
 
 
 def _slots(python, env, owner):
@@ -302,13 +303,15 @@ def keep(spec):
 
 
 def _exit_on(number, frame):
+    for other in STOP_SIGNALS:  # once: a second signal (SIGHUP, then SIGTERM) must not cut the cleanup short
+        signal.signal(other, signal.SIG_IGN)
     raise SystemExit(128 + number)
 
 
 def main():
     spec = pickle.load(sys.stdin.buffer)
     name_process("tfb-keeper")
-    for number in (signal.SIGTERM, signal.SIGHUP):  # the daemon's SIGHUP at shutdown: clean up, exit
+    for number in STOP_SIGNALS:  # the daemon's SIGHUP at shutdown: clean up, exit
         signal.signal(number, _exit_on)
     try:
         keep(spec)

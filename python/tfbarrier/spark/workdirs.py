@@ -52,18 +52,29 @@ def is_private(path):
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
-def _start_time(pid):
-    """The process's start time in clock ticks since boot (Linux), or 0 where it cannot be read."""
+def _stat(pid):
+    """The fields of /proc/PID/stat after the process's name (Linux): [0] its state, [19] its start time in
+    clock ticks since boot; None where they cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid):
+    """The process's start time, or 0 where it cannot be read."""
+    fields = _stat(pid)
+    try:
+        return int(fields[19])
+    except (TypeError, ValueError, IndexError):
         return 0
 
 
 def _owner_alive(directory):
     """False when the directory's owner is gone; True when it runs, or the record cannot be read (a
-    directory being made, or one of an older tfbarrier: left alone)."""
+    directory being made, or one of an older tfbarrier: left alone). A zombie is gone: it has exited, and
+    its parent may not reap it for long (a Python worker reaps a spare's keeper when it next starts one)."""
     try:
         with open(os.path.join(directory, OWNER_FILE)) as f:
             pid, start = (int(part) for part in f.read().split())
@@ -75,7 +86,10 @@ def _owner_alive(directory):
         return False
     except PermissionError:
         return True
-    return start == 0 or _start_time(pid) in (0, start)
+    fields = _stat(pid)
+    if fields is None:  # not Linux, or it just ended
+        return True
+    return fields[0] != "Z" and start in (0, int(fields[19]))
 
 
 def leftovers(root=None):
