@@ -89,19 +89,26 @@ spark_tf_fit <- function(sdf, model, features, label = NULL, epochs = 1L, batch_
 #' @param features As in [spark_tf_fit()]; by default the features of `fit`.
 #' @param output_col Name of the prediction column. For a Keras 3 model of several outputs, a column
 #'   `<output_col>_<output name>` each, or a named vector of the outputs to score: `c(cls = "kind_hat")`.
-#' @param output `"class"` (class id), `"probabilities"`, `"raw"` model outputs, or `"features"`: the
-#'   output of `layer`, flattened (the model as a feature extractor, for transfer learning).
+#' @param output `"class"` (class id), `"probabilities"`, `"raw"` model outputs, `"features"`: the
+#'   output of `layer`, flattened (the model as a feature extractor, for transfer learning), or `"text"`:
+#'   for a KerasHub causal LM with its preprocessor, the text it generates from the prompt column
+#'   `features` names (a character column).
 #' @param layer With `output = "features"`: a layer's name, or its position in the model's layers
 #'   (1-based, as keras3's `get_layer(index =)`); by default the layer before the last.
-#' @param batch_size Rows per forward pass.
+#' @param batch_size Rows per forward pass (prompts per `generate()` call with `output = "text"`).
 #' @param spark As in [spark_tf_fit()].
-#' @return Every column of `sdf` plus `output_col` (a number, or an array column for
-#'   `"probabilities"`, `"raw"` and `"features"`): a `pyspark` DataFrame computed lazily; for a `tbl_spark`, a
+#' @param max_length,sampler,strip_prompt With `output = "text"`: tokens a row at most, prompt included (by
+#'   default the preprocessor's `sequence_length`); a KerasHub sampler or its name (`"greedy"`, the default;
+#'   a seeded sampling one repeats, e.g. `keras_hub$samplers$TopKSampler(k = 5L, seed = 1L)`); `TRUE` for the
+#'   continuation alone, without the prompt.
+#' @return Every column of `sdf` plus `output_col` (a number, an array column for
+#'   `"probabilities"`, `"raw"` and `"features"`, a character column for `"text"`): a `pyspark` DataFrame computed lazily; for a `tbl_spark`, a
 #'   `tbl_spark` in the same sparklyr connection, computed lazily there (a temporary view of its own
 #'   application; see [tf_spark_session()]). [tf_collect()] or `dplyr::collect()` brings either into R.
 #' @export
 spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction", output = "class",
-                             batch_size = 1024L, spark = NULL, layer = NULL) {
+                             batch_size = 1024L, spark = NULL, layer = NULL, max_length = NULL,
+                             sampler = "greedy", strip_prompt = FALSE) {
   check_given(c("sdf", "fit"))
   model <- if (inherits(fit, "tfbarrier_fit")) fit$model else fit
   if (is.null(features)) {
@@ -123,7 +130,9 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
   sdf <- as_spark_dataframe(sdf, spark)
   scored <- tf_call(core$predict(sdf, model, features = as_column_names(features),
                                  output_col = as_column_names(output_col),
-                                 output = output, batch_size = as_int(batch_size), layer = layer))
+                                 output = output, batch_size = as_int(batch_size), layer = layer,
+                                 max_length = if (!is.null(max_length)) as_int(max_length), sampler = sampler,
+                                 strip_prompt = isTRUE(strip_prompt)))
   if (inherits(tbl, "tbl_spark")) scored <- back_to_sparklyr(scored, tbl)
   scored
 }

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from tfbarrier import checks
+from tfbarrier import checks, generation
 from tfbarrier.data import text
 from tfbarrier.data.features import check_width
 from tfbarrier.data.layouts import layout as features_layout
@@ -24,7 +24,7 @@ from tfbarrier.models.scoring_models import load, scoring_model
 from tfbarrier.results import FitResult
 from tfbarrier.spark import cluster
 
-OUTPUTS = ("class", "probabilities", "raw", "features")
+OUTPUTS = ("class", "probabilities", "raw", "features", "text")
 
 
 def _last_activation(model):
@@ -91,6 +91,9 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
         model = model.model
     if output not in OUTPUTS:
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if output == "text":
+        raise InvalidArgumentError("output='text' generates on the executors, with predict(); on this machine, "
+                                   "call the model's own generate()")
     batch_size = checks.positive_int("batch_size", batch_size)
     if keras_flavor(model) is None:
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
@@ -283,7 +286,8 @@ def scoring_udf(score, return_type):
     return pandas_udf(pandas_scores, return_type)
 
 
-def predict(data, model, *, features, output_col="prediction", batch_size=1024, output="class", layer=-2):
+def predict(data, model, *, features, output_col="prediction", batch_size=1024, output="class", layer=-2,
+            max_length=None, sampler="greedy", strip_prompt=False):
     """Score ``data`` with ``model`` on the executors; a Spark DataFrame (lazy, like any transformation)
     with every input column plus ``output_col``.
 
@@ -298,15 +302,21 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         Name of the new column. For a model of several outputs, a column per output, named
         "<output_col>_<output name>"; or {output name: column} for the outputs named, in those columns.
     batch_size : int
-        Rows per forward pass.
-    output : "class", "probabilities", "raw" or "features"
+        Rows per forward pass (prompts per ``generate`` call with ``output="text"``).
+    output : "class", "probabilities", "raw", "features" or "text"
         Class id (long; argmax, or probability > 0.5 for one output unit), probabilities (array<float>;
         softmax/sigmoid applied when the last layer outputs logits), the raw outputs (array<float>),
-        or ``layer``'s output, flattened (array<float>): the model as a feature extractor, for
-        transfer learning.
+        ``layer``'s output, flattened (array<float>): the model as a feature extractor, for
+        transfer learning; or, for a KerasHub causal LM with its preprocessor, the text it generates
+        from the prompt column (string; generation.py).
     layer : str or int
         With ``output="features"``: the layer's name, or its index in ``model.layers`` (default -2,
         the one before the last).
+    max_length, sampler, strip_prompt
+        With ``output="text"``: tokens a row at most, prompt included (default the preprocessor's
+        ``sequence_length``); a KerasHub sampler or its name ("greedy", the default; seed a sampling one,
+        e.g. ``keras_hub.samplers.TopKSampler(k=5, seed=1)``, to repeat it); whether the column holds the
+        continuation alone.
     """
     if isinstance(model, FitResult):
         model = model.model
@@ -320,6 +330,9 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     if output == "features":
         model = feature_extractor(model, layer)
     layout = features_layout(data.schema, features, scoring=True)
+    if output == "text":
+        return _generated(data, model, layout, output_col, batch_size,
+                          generation.settings(model, layout, max_length, sampler, strip_prompt))
     if layout.takes_text:
         text.check_model(model, layout.features[0], flavor == "keras3")
     input_shape = _input_shape(model)
@@ -338,3 +351,14 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     struct = "__tfbarrier_scores"
     scored = data.withColumn(struct, udf.asNondeterministic()(features_struct))
     return scored.withColumns({column: F.col(struct)[column] for column in heads}).drop(struct)
+
+
+def _generated(data, model, layout, output_col, batch_size, settings):
+    """``data`` with ``output_col``, the text ``model`` generates from the prompt column (generation.py)."""
+    if not isinstance(output_col, str) or output_col in data.columns:
+        raise ColumnError(f"output_col {output_col!r} must be a new column name; the DataFrame has {data.columns}")
+    cluster.check_executor_python(data.sparkSession)
+    from pyspark.sql import functions as F
+
+    score = generation.generator(scoring_model(data.sparkSession, model), layout, settings, batch_size)
+    return data.withColumn(output_col, scoring_udf(score, "string")(F.struct(*layout.feature_projection(data.sparkSession))))

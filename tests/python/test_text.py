@@ -4,8 +4,9 @@ KerasHub BertTextClassifier whose WordPiece tokenizer is built from a small voca
 a string column on 2 workers, ends with the losses, validation loss and weights of one process's
 ``classifier.fit`` on the same strings, then scores a string column on the executors as its local ``predict``
 does; a GPT-2 causal LM fits from a string column alone (its preprocessor makes the labels) as one process
-does; a string column for a model that cannot read it, and weights without a label, are refused on the driver,
-before any Spark job."""
+does, then generates text from a prompt column on the executors as its local ``generate`` does (text out); a
+string column for a model that cannot read it, weights without a label, and generation that cannot run are
+refused on the driver, before any Spark job."""
 
 import keras
 import numpy as np
@@ -109,8 +110,10 @@ def causal_lm():
     """A GPT-2 causal LM built from a config, its byte-pair tokenizer about a character a token (no download)."""
     keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(6)
-    vocabulary = {"<|endoftext|>": 0, "Ġ": 1, **{c: i + 2 for i, c in enumerate(CHARACTERS)}}
+    # The padding id is 0 and must not be the end token: KerasHub's samplers stop when every row holds one
+    vocabulary = {"Ġ": 0, **{c: i + 1 for i, c in enumerate(CHARACTERS)}}
     vocabulary["ab"] = len(vocabulary)  # one merge (an empty merge table cannot be made)
+    vocabulary["<|endoftext|>"] = len(vocabulary)
     tokenizer = keras_hub.tokenizers.GPT2Tokenizer(vocabulary=vocabulary, merges=["a b"])
     preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=12)
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2, hidden_dim=8,
@@ -151,3 +154,36 @@ def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark):
     np.testing.assert_allclose(result.history["val_loss"][-1], evaluated["loss"], rtol=1e-4)
     np.testing.assert_allclose(result.history["val_sparse_categorical_accuracy"][-1],
                                evaluated["sparse_categorical_accuracy"], rtol=1e-5)
+
+    # Text out: greedy generation on the executors, 3 prompts a generate() call, is the model's own, row for row.
+    prompts = pd.DataFrame({"prompt": ["ab", "cd e", "h", "fgh fg", "b", "abc ab", "e", "gh"]})
+    generated = tfbarrier.predict(partitioned(spark, prompts, lambda i: i % 2, 2), result.model, features="prompt",
+                                  output="text", output_col="text", max_length=10, batch_size=3).toPandas()
+    result.model.compile(sampler="greedy")
+    expected = result.model.generate(generated["prompt"].tolist(), max_length=10)
+    assert generated["text"].tolist() == expected
+    assert all(out.startswith(prompt) and len(out) > len(prompt) for prompt, out in zip(generated["prompt"], expected))
+    # A prompt that fills max_length would be cut and get nothing: its task fails naming it.
+    with pytest.raises(Exception, match=r"row 1 of the partition: its prompt fills all 4 tokens of max_length"):
+        tfbarrier.predict(spark.createDataFrame(pd.DataFrame({"prompt": ["ab", "abcdefgh"]}), schema="prompt string")
+                          .coalesce(1), result.model, features="prompt", output="text", max_length=4).collect()
+
+
+def test_generation_that_cannot_run_is_refused_before_any_spark_job(spark):
+    lm, prompts = causal_lm(), spark.createDataFrame(pd.DataFrame({"prompt": ["ab"], "n": [1.0]}))
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup()
+    refusals = [
+        (ModelError, r"output='text' generates with a KerasHub causal LM .*got a BertTextClassifier",
+         dict(model=classifier())),
+        (ModelError, r"needs the causal LM's preprocessor.*this GPT2CausalLM has none", dict(model=causal_lm())),
+        (InvalidArgumentError, r"max_length=17 is more than the model's 16 positions", dict(max_length=17)),
+        (InvalidArgumentError, r"sampler must be a KerasHub sampler or its name", dict(sampler="loudest")),
+        (ColumnError, r"output='text' needs one string column of prompts", dict(features="n")),
+        (ColumnError, r"output_col 'n' must be a new column name", dict(output_col="n")),
+    ]
+    refusals[1][2]["model"].preprocessor = None
+    for error, message, given in refusals:
+        call = {"model": lm, "features": "prompt", "output": "text", **given}
+        with pytest.raises(error, match=message):
+            tfbarrier.predict(prompts, call.pop("model"), **call)
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs

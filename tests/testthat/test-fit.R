@@ -286,6 +286,34 @@ test_that("spark_tf_fit trains a KerasHub text classifier from a character colum
   expect_equal(scored, local, tolerance = 1e-5, ignore_attr = TRUE)
 })
 
+test_that("a causal LM fits from a character column alone, then generates text on the executors", {
+  skip_if_no_tfbarrier()
+  keras_hub <- tfbarrier:::import_after_tfbarrier("keras_hub")
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  letters8 <- c("a", "b", "c", "d", "e", "f", "g", "h")
+  vocabulary <- as.list(setNames(0:10, c("\u0120", letters8, "ab", "<|endoftext|>")))  # padding 0 is no end token
+  keras$utils$set_random_seed(6L)
+  tokenizer <- keras_hub$tokenizers$GPT2Tokenizer(vocabulary = reticulate::dict(vocabulary), merges = list("a b"))
+  backbone <- keras_hub$models$GPT2Backbone(vocabulary_size = 11L, num_layers = 1L, num_heads = 2L, hidden_dim = 8L,
+                                            intermediate_dim = 16L, max_sequence_length = 16L, dropout = 0)
+  lm <- keras_hub$models$GPT2CausalLM(
+    backbone, preprocessor = keras_hub$models$GPT2CausalLMPreprocessor(tokenizer, sequence_length = 12L))
+  lm$compile(optimizer = keras$optimizers$SGD(0.5),
+             loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
+  data <- data.frame(text = rep(c("abcd", "cdef abc", "efgh", "bcd bcd"), 8))
+  fit <- spark_tf_fit(data, lm, features = "text", label = NULL, epochs = 1, batch_size = 8, num_workers = 2,
+                      spark = test_spark())
+  expect_length(unique(fit$workers$checksum), 1)
+  prompts <- data.frame(prompt = c("ab", "cd e", "h", "fgh"))
+  generated <- tf_collect(spark_tf_predict(prompts, fit, features = "prompt", output = "text",
+                                           output_col = "text", max_length = 10, spark = test_spark()))
+  expect_type(generated$text, "character")
+  fit$model$compile(sampler = "greedy")
+  expected <- unlist(fit$model$generate(as.list(generated$prompt), max_length = 10L))
+  expect_identical(generated$text, expected)
+  expect_true(all(startsWith(generated$text, generated$prompt) & nchar(generated$text) > nchar(generated$prompt)))
+})
+
 test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs from named columns", {
   skip_if_no_tfbarrier()
   keras <- tfbarrier:::import_after_tfbarrier("keras")
