@@ -100,7 +100,25 @@ def test_text_that_cannot_train_is_refused_before_any_spark_job(spark):
         tfbarrier.fit(df.withColumn("w", F.lit(1.0)), lm, features="text", sample_weight="w", num_workers=2)
     with pytest.raises(InvalidArgumentError, match="class_weight without a label"):
         tfbarrier.fit(df, lm, features="text", class_weight={0: 2.0}, num_workers=2)
+    lm.preprocessor = unsavable(lm.preprocessor)
+    for call in (lambda: tfbarrier.fit(df, lm, features="text", num_workers=2),
+                 lambda: tfbarrier.predict(df, lm, features="text", output="raw"),
+                 lambda: tfbarrier.predict(df, lm, features="text", output="text")):
+        with pytest.raises(ModelError, match=r"the model cannot be saved as a .keras archive \(TypeError: .*so it cannot "
+                                             r"travel to the executors: give its custom layers .*get_config\(\)"):
+            call()
     assert spark.sparkContext.statusTracker().getJobIdsForGroup() == jobs
+
+
+def unsavable(preprocessor):
+    """``preprocessor`` as one whose config Keras cannot write (it holds a lock)."""
+    import threading
+
+    class LockedPreprocessor(type(preprocessor)):
+        def get_config(self):
+            return {**super().get_config(), "lock": threading.Lock()}
+
+    return LockedPreprocessor(preprocessor.tokenizer, sequence_length=preprocessor.sequence_length)
 
 
 CHARACTERS = "abcdefgh"

@@ -10,7 +10,6 @@ so the trained model that comes back scores strings as the user's did. Scoring n
 """
 
 import dataclasses
-import inspect
 
 import numpy as np
 import pyarrow as pa
@@ -77,11 +76,13 @@ class Preprocessing:
 
 
 def _takes_labels(preprocessor):
-    """Whether the preprocessor is called with the labels and weights (KerasHub's Preprocessor is)."""
+    """Whether the preprocessor is called with the labels and weights: KerasHub's own rule (``Task.preprocess_samples``),
+    a ``Preprocessor`` is, any other layer or callable is not."""
     try:
-        return "y" in inspect.signature(preprocessor.call).parameters
-    except (AttributeError, TypeError, ValueError):
+        from keras_hub.models import Preprocessor
+    except ImportError:
         return False
+    return isinstance(preprocessor, Preprocessor)
 
 
 def preprocessed(ds, preprocessing, validation=False):

@@ -69,10 +69,17 @@ def keras_module(flavor):
 
 
 def save_archive(model):
-    """The model as ``.keras`` archive bytes (in its own Keras)."""
+    """The model as ``.keras`` archive bytes (in its own Keras); a ModelError in words when it cannot be saved (a
+    custom layer, or a preprocessor's, without a get_config() that Keras can write)."""
     with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
         path = os.path.join(tmp, "model.keras")
-        model.save(path)
+        try:
+            model.save(path)
+        except Exception as exc:
+            raise ModelError(f"the model cannot be saved as a .keras archive ({type(exc).__name__}: {exc}), so it "
+                             "cannot travel to the executors: give its custom layers and models (a preprocessor's "
+                             "too) a get_config() of plain values (Keras's guide 'Save, serialize, and export "
+                             "models')") from exc
         with open(path, "rb") as f:
             return f.read()
 

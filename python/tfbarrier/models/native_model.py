@@ -171,13 +171,7 @@ class NativeModel:
         adapters = Adapters.of(model, files)
         input_shape = input_shape_of(model)
         pickled = pickled_custom_objects(model)
-        try:
-            archive = save_archive(model)
-        except Exception as exc:
-            raise ModelError(f"the model cannot be saved as a .keras archive ({type(exc).__name__}: {exc}): give "
-                             "its custom layers and models a get_config() (Keras's guide 'Save, serialize, and "
-                             "export models')") from exc
-        return cls(archive=files.add_bytes(ARCHIVE_FILE, archive), objects=files.add_bytes(OBJECTS_FILE, pickled),
+        return cls(archive=files.add_bytes(ARCHIVE_FILE, save_archive(model)), objects=files.add_bytes(OBJECTS_FILE, pickled),
                    input_shape=input_shape, size=memory.ModelSize.of(model), adapters=adapters,
                    frozen=frozenset(v.path for v in model.weights if not v.trainable))
 
@@ -270,7 +264,6 @@ def _compile_as_saved(model, path, objects):
     """Compile ``model``, loaded from the archive at ``path``, as the archive says it was compiled, its optimizer's
     saved variables restored: Keras skips both for a model whose class overrides ``compile`` (every KerasHub task,
     which its own constructor compiles with its defaults: Adam, whatever the user chose)."""
-    import io
     import zipfile
 
     import h5py
@@ -278,14 +271,14 @@ def _compile_as_saved(model, path, objects):
 
     with zipfile.ZipFile(path) as archive:
         config = json.loads(archive.read("config.json")).get("compile_config")
-        weights = archive.read("model.weights.h5")
-    if not config:
-        return
-    with keras.saving.custom_object_scope(objects or {}):
-        model.compile(**keras.saving.deserialize_keras_object(config))
-    with h5py.File(io.BytesIO(weights), "r") as store:
-        saved = store.get("optimizer/vars")
-        values = [saved[str(i)][()] for i in range(len(saved))] if saved is not None else []
+        if not config:
+            return
+        with keras.saving.custom_object_scope(objects or {}):
+            model.compile(**keras.saving.deserialize_keras_object(config))
+        # read in place: only the optimizer's variables, never the model's weights a second time
+        with archive.open("model.weights.h5") as weights, h5py.File(weights, "r") as store:
+            saved = store.get("optimizer/vars")
+            values = [saved[str(i)][()] for i in range(len(saved))] if saved is not None else []
     if len(values) > len(model.optimizer.variables):  # the driver's optimizer was built: it has slots
         model.optimizer.build(model.trainable_variables)
     if len(values) == len(model.optimizer.variables):

@@ -40,16 +40,17 @@ def scoring_model(spark, model):
     """What executors rebuild ``model`` from: its flavor, JSON config and weights, the weights served by
     the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
     broadcast; and an id naming that model."""
-    flavor, config = keras_flavor(model), model.to_json()
+    flavor = keras_flavor(model)
     if flavor == "keras3" and getattr(model, "preprocessor", None) is not None:
         # a text model's preprocessor keeps its vocabulary in the archive's assets, which no config holds
-        archive = save_archive(model)
+        archive, config = save_archive(model), ""  # ModelError in words when it cannot be saved
         name = f"{hashlib.sha256(archive).hexdigest()[:32]}-scoring.keras"
 
         def write(path):
             with open(path, "wb") as f:
                 f.write(archive)
     else:
+        config = model.to_json()
         # The weights' digest names their file: the session's server writes a content it serves already only once.
         name = f"{write_weights(model.weights)[:32]}-scoring.safetensors"
 
