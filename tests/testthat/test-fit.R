@@ -311,7 +311,8 @@ test_that("a causal LM fits from a character column alone, then generates text o
   fit$model$compile(sampler = "greedy")
   expected <- unlist(fit$model$generate(as.list(generated$prompt), max_length = 10L))
   expect_identical(generated$text, expected)
-  expect_true(all(startsWith(generated$text, generated$prompt) & nchar(generated$text) > nchar(generated$prompt)))
+  expect_true(all(startsWith(generated$text, generated$prompt)))
+  expect_true(any(nchar(generated$text) > nchar(generated$prompt)))  # a row may end at once with the end token
 })
 
 test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs from named columns", {
