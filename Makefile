@@ -121,7 +121,7 @@ STREAMING_BASELINE := 74a8fa1
 BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-no-onednn memory first-step \
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
-                encryption-native encryption-translated hosts-encryption
+                encryption-native encryption-translated hosts-encryption text
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -181,6 +181,8 @@ bench-encryption-native: venv
 	$(PY) bench/encryption_bench.py --rounds 3 --models cnn mlp61-adam --path native
 bench-encryption-translated: venv
 	$(PY) bench/encryption_bench.py --rounds 3 --models cnn mlp61-adam --path translated
+bench-text: venv
+	$(PY) bench/text_bench.py --prompts 256 --fit-rows 4096 --rounds 3
 bench-hosts-encryption: venv $(BENCH_SITE)/.installed
 	$(BENCH_PY) bench/hosts_bench.py --models cnn large --rates unshaped 1gbit 100mbit --hosts 2 --rounds 2 --contenders default tls strategy by-hand --section=-encryption
 

@@ -173,10 +173,11 @@ def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark):
     np.testing.assert_allclose(result.history["val_sparse_categorical_accuracy"][-1],
                                evaluated["sparse_categorical_accuracy"], rtol=1e-5)
 
-    # Text out: greedy generation on the executors, 3 prompts a generate() call, is the model's own, row for row.
+    # Text out: greedy generation on the executors (a partition of 4 prompts, one generate() call each, so one
+    # trace a Python worker) is the model's own over all 8 at once, row for row.
     prompts = pd.DataFrame({"prompt": ["ab", "cd e", "h", "fgh fg", "b", "abc ab", "e", "gh"]})
     generated = tfbarrier.predict(partitioned(spark, prompts, lambda i: i % 2, 2), result.model, features="prompt",
-                                  output="text", output_col="text", max_length=10, batch_size=3).toPandas()
+                                  output="text", output_col="text", max_length=10, batch_size=4).toPandas()
     result.model.compile(sampler="greedy")
     expected = result.model.generate(generated["prompt"].tolist(), max_length=10)
     assert generated["text"].tolist() == expected
