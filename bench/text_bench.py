@@ -113,7 +113,7 @@ def tokenized(model, frame):
     """The columns the preprocessor makes from ``frame``'s text: token ids, padding mask, next tokens, their mask."""
     import numpy as np
 
-    x, y, weights = model.preprocessor(frame["text"].to_numpy())
+    x, y, weights = model.preprocessor(frame["text"].tolist())
     return frame.assign(token_ids=list(np.asarray(x["token_ids"])), padding_mask=list(np.asarray(x["padding_mask"])),
                         next_ids=list(np.asarray(y)), mask=list(np.asarray(weights).astype("float32")))
 
