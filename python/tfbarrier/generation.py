@@ -95,6 +95,18 @@ def _check_room(model, batch, max_length, offset):
                           "max_length, up to the model's positions, or shorten the prompts")
 
 
+def _with_sampler(model, config):
+    """``model`` compiled with the sampler of ``config``. Compiling drops the model's traced generate function, so
+    a task whose worker's copy has that sampler already keeps it; a seeded sampler is made afresh in every task,
+    so that a partition's sampling repeats whatever the worker ran before."""
+    from keras_hub import samplers
+
+    current = getattr(model, "sampler", None)
+    if current is None or samplers.serialize(current) != config or config["config"].get("seed") is not None:
+        model.compile(sampler=samplers.deserialize(config))
+    return model
+
+
 def generator(scoring, layout, generation, batch_size):
     """A function of one partition's Arrow record batches of the prompt column to its generated texts, one
     Arrow string array per batch."""
@@ -104,10 +116,7 @@ def generator(scoring, layout, generation, batch_size):
         offset = 0  # rows of this partition done so far
         for batch in batches:
             if model is None:
-                from keras_hub import samplers
-
-                model = load(scoring)  # the worker's cached copy: the sampler is set for this task
-                model.compile(sampler=samplers.deserialize(generation.sampler))
+                model = _with_sampler(load(scoring), generation.sampler)  # the worker's cached copy
             texts = prompts(layout.x(batch), offset)
             out = []
             for start in range(0, len(texts), batch_size):
