@@ -73,16 +73,6 @@ def _sampler_config(sampler):
     return samplers.serialize(made)
 
 
-def prompts(column, offset):
-    """The prompts of one Arrow batch as Python strings; a null fails the task naming its row in the partition
-    (``offset``: rows before this batch)."""
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise ColumnError(f"row {offset + row} of the partition has no prompt (null): filter out the nulls, or "
-                          "fill them with an empty string")
-    return column.to_pylist()
-
-
 def _check_room(model, batch, max_length, offset):
     """Fail the task when a prompt of ``batch`` fills ``max_length`` tokens: nothing would be generated, and the
     preprocessor would have cut a longer one."""
@@ -117,7 +107,7 @@ def generator(scoring, layout, generation, batch_size):
         for batch in batches:
             if model is None:
                 model = _with_sampler(load(scoring), generation.sampler)  # the worker's cached copy
-            texts = prompts(layout.x(batch), offset)
+            texts = layout.x(batch).to_pylist()  # a null fails the task (features.value_column)
             out = []
             for start in range(0, len(texts), batch_size):
                 chunk = texts[start:start + batch_size]

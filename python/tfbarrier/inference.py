@@ -256,9 +256,13 @@ def _heads(model, output_col, output, taken):
         raise InvalidArgumentError(f"output_col must be a column name, or a dict of the model's outputs {names} to "
                                    f"new column names; got {output_col!r}")
     for column in columns:
-        if not isinstance(column, str) or column in taken:
-            raise ColumnError(f"output_col {column!r} must be a new column name; the DataFrame has {taken}")
+        _check_new_column(column, taken)
     return {column: (i, _output_transform(head_model(model, i), output)) for column, i in columns.items()}
+
+
+def _check_new_column(column, taken):
+    if not isinstance(column, str) or column in taken:
+        raise ColumnError(f"output_col {column!r} must be a new column name; the DataFrame has {taken}")
 
 
 def scoring_udf(score, return_type):
@@ -355,8 +359,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
 
 def _generated(data, model, layout, output_col, batch_size, settings):
     """``data`` with ``output_col``, the text ``model`` generates from the prompt column (generation.py)."""
-    if not isinstance(output_col, str) or output_col in data.columns:
-        raise ColumnError(f"output_col {output_col!r} must be a new column name; the DataFrame has {data.columns}")
+    _check_new_column(output_col, data.columns)
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F
 

@@ -84,6 +84,26 @@ def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_o
     np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-4, atol=1e-5)
 
 
+def test_a_text_model_scored_again_later_is_not_loaded_again(spark, tmp_path):
+    """A .keras archive stamps the second it was saved: a model scored again a second later is the same model, and
+    each Python worker keeps the copy it loaded (and, for a causal LM, its traced generation)."""
+    import time
+
+    model, log = classifier(), tmp_path / "loads.log"
+    df = spark.createDataFrame(reviews(8, seed=6)).repartition(2)
+    env = spark.sparkContext.environment  # executor environment of the jobs submitted from now on
+    env[tfbarrier.settings.MODEL_LOAD_LOG_ENV] = str(log)
+    try:
+        first = tfbarrier.predict(df, model, features="text", output="raw").toPandas()
+        time.sleep(1.1)  # the archive saved for the second call is stamped with another second
+        second = tfbarrier.predict(df, model, features="text", output="raw").toPandas()
+    finally:
+        del env[tfbarrier.settings.MODEL_LOAD_LOG_ENV]
+    pids = [line.split()[0] for line in log.read_text().splitlines()]
+    assert 1 <= len(pids) <= 2 and len(set(pids)) == len(pids)  # local[2]: one load a Python worker, both calls
+    assert sorted(map(tuple, np.stack(first["prediction"]))) == sorted(map(tuple, np.stack(second["prediction"])))
+
+
 def test_text_that_cannot_train_is_refused_before_any_spark_job(spark):
     model = classifier()
     model.preprocessor = None

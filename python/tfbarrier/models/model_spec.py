@@ -84,6 +84,22 @@ def save_archive(model):
             return f.read()
 
 
+def archive_digest(archive):
+    """A hex digest of a ``.keras`` archive's model: every member's name and bytes but metadata.json's (the Keras
+    version and the second it was saved), so that one model saved twice has one digest."""
+    import hashlib
+    import io
+    import zipfile
+
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(io.BytesIO(archive)) as members:
+        for name in sorted(members.namelist()):
+            if name != "metadata.json":
+                digest.update(f"{name}\0{members.getinfo(name).file_size}\0".encode())
+                digest.update(members.read(name))
+    return digest.hexdigest()
+
+
 def _dtype_name(variable):
     return getattr(variable.dtype, "name", variable.dtype)
 

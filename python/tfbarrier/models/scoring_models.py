@@ -25,8 +25,8 @@ from tfbarrier import atomic
 from tfbarrier.errors import ClusterError
 from tfbarrier.exchange import tls as job_tls
 from tfbarrier.models import native_model
-from tfbarrier.models.model_spec import (keras_flavor, keras_module, read_weights, save_archive, tf_variable,
-                                         write_weights)
+from tfbarrier.models.model_spec import (archive_digest, keras_flavor, keras_module, read_weights, save_archive,
+                                         tf_variable, write_weights)
 from tfbarrier.settings import MODEL_LOAD_LOG_ENV
 from tfbarrier.spark import cluster, driver_link, transfer
 from tfbarrier.spark.attachment import is_attached
@@ -44,7 +44,7 @@ def scoring_model(spark, model):
     if flavor == "keras3" and getattr(model, "preprocessor", None) is not None:
         # a text model's preprocessor keeps its vocabulary in the archive's assets, which no config holds
         archive, config = save_archive(model), ""  # ModelError in words when it cannot be saved
-        name = f"{hashlib.sha256(archive).hexdigest()[:32]}-scoring.keras"
+        name = f"{archive_digest(archive)[:32]}-scoring.keras"  # not the bytes': they hold the second it was saved
 
         def write(path):
             with open(path, "wb") as f:
