@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import partitioned
+from support import faults
 from pyspark.sql import functions as F
 
 import tfbarrier
@@ -58,20 +59,30 @@ def in_global_batches(frame):
     return frame.iloc[order]
 
 
-def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_one(spark):
-    model, reference = classifier(), classifier()  # seeded: the same weights
-    data, held_out = reviews(2 * ROWS_PER_WORKER, seed=1), reviews(GLOBAL_BATCH, seed=2)
-    df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
-    result = tfbarrier.fit(df, model, features="text", label="label", epochs=3, batch_size=GLOBAL_BATCH,
-                           validation_data=spark.createDataFrame(held_out), num_workers=2, shuffle=False)
-
+@pytest.fixture(scope="module")
+def one_process():
+    """The classifier fitted by one process on the 2 workers' rows, in the order of their global batches."""
+    reference, data, held_out = classifier(), reviews(2 * ROWS_PER_WORKER, seed=1), reviews(GLOBAL_BATCH, seed=2)
     ordered = in_global_batches(data)
     history = reference.fit(ordered["text"].to_numpy(), ordered["label"].to_numpy(), batch_size=GLOBAL_BATCH,
                             epochs=3, shuffle=False, verbose=0).history
-    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
     assert history["loss"][-1] < history["loss"][0]
+    return reference, history, data, held_out
+
+
+def assert_fits_as(result, reference, history):
+    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
     for trained, expected in zip(result.model.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(trained, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_one(spark, one_process):
+    reference, history, data, held_out = one_process
+    df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
+    result = tfbarrier.fit(df, classifier(), features="text", label="label", epochs=3, batch_size=GLOBAL_BATCH,
+                           validation_data=spark.createDataFrame(held_out), num_workers=2, shuffle=False)
+
+    assert_fits_as(result, reference, history)
     evaluated = reference.evaluate(held_out["text"].to_numpy(), held_out["label"].to_numpy(), batch_size=GLOBAL_BATCH,
                                    return_dict=True, verbose=0)
     np.testing.assert_allclose(result.history["val_loss"][-1], evaluated["loss"], rtol=1e-4)
@@ -82,6 +93,40 @@ def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_o
                                output="raw").toPandas()
     local = result.model.predict(scored["text"].to_numpy(), verbose=0)
     np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-4, atol=1e-5)
+
+
+def test_a_fit_from_text_killed_mid_epoch_resumes_as_one_process_fits(spark, one_process, tmp_path):
+    """The shards of text resume where the checkpoint left them: the resumed fit ends as one process's."""
+    reference, history, data, _ = one_process
+    df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
+    result = tfbarrier.fit(df, classifier(), features="text", label="label", epochs=3, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False, checkpoint_dir=str(tmp_path), checkpoint_every=1,
+                           max_retries=1, callbacks=faults.kill_after_step(worker=1, epoch=1, step=1))
+    first, second = result.attempts
+    assert "killed by signal SIGKILL" in first["error"]
+    assert second["resumed_at"]["epoch"] == 1 and second["resumed_at"]["step"] == 2
+    assert_fits_as(result, reference, history)
+
+
+def test_tune_ranks_text_classifiers_fitted_from_a_string_column(spark, one_process):
+    """Each trial (one worker) trains as one process does with its learning rate."""
+    _, _, data, _ = one_process
+    rates = [0.2, 0.05]
+
+    def build(params):
+        model = classifier()
+        model.optimizer.learning_rate.assign(params["learning_rate"])
+        return model
+
+    search = tfbarrier.tune(partitioned(spark, data, lambda i: 0, 1), build, [{"learning_rate": r} for r in rates],
+                            features="text", label="label", metric="loss", epochs=2, batch_size=GLOBAL_BATCH,
+                            shuffle=False, verbose=0)
+    assert list(search.trials["status"]) == ["ok", "ok"]
+    for rate, loss in zip(rates, search.trials["loss"]):
+        local = build({"learning_rate": rate}).fit(data["text"].to_numpy(), data["label"].to_numpy(),
+                                                    batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
+        np.testing.assert_allclose(loss, local.history["loss"][-1], rtol=1e-4)
+    assert search.best_params == {"learning_rate": rates[int(np.argmin(search.trials["loss"]))]}
 
 
 def test_a_text_model_scored_again_later_is_not_loaded_again(spark, tmp_path):
@@ -202,6 +247,16 @@ def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark):
     expected = result.model.generate(generated["prompt"].tolist(), max_length=10)
     assert generated["text"].tolist() == expected
     assert all(out.startswith(prompt) and len(out) > len(prompt) for prompt, out in zip(generated["prompt"], expected))
+    # A seeded sampler starts afresh in every task: each partition's text is the local model's from those prompts
+    # with a new copy of the sampler, whatever the worker generated before.
+    keras_hub = pytest.importorskip("keras_hub")
+    sampled = tfbarrier.predict(partitioned(spark, prompts, lambda i: i % 2, 2), result.model, features="prompt",
+                                output="text", output_col="text", max_length=10, batch_size=4,
+                                sampler=keras_hub.samplers.TopKSampler(k=4, seed=3)).toPandas().set_index("prompt")
+    for part in (0, 1):
+        rows = prompts["prompt"].iloc[part::2].tolist()
+        result.model.compile(sampler=keras_hub.samplers.TopKSampler(k=4, seed=3))
+        assert sampled.loc[rows, "text"].tolist() == result.model.generate(rows, max_length=10)
     # A prompt that fills max_length would be cut and get nothing: its task fails naming it.
     with pytest.raises(Exception, match=r"row 1 of the partition: its prompt fills all 4 tokens of max_length"):
         tfbarrier.predict(spark.createDataFrame(pd.DataFrame({"prompt": ["ab", "abcdefgh"]}), schema="prompt string")
