@@ -126,3 +126,14 @@ def test_a_validation_shard_takes_only_the_marked_rows_even_when_a_batch_has_non
     (_, _), (none, _) = shards.write(batches[:2], str(tmp_path / "training2"), layout, (str(tmp_path / "v2"),
                                                                                        held[1]))
     assert none == 0 and shards.Shard.open(str(tmp_path / "v2"), 0).record_batches == 0
+
+
+def test_float_rows_read_a_sliced_batch_as_its_own_rows():
+    """A record batch sliced from a larger one (a Parquet source's, a bounded shard's) keeps its rows' offset."""
+    from tfbarrier.data.stored_forms import stored_form
+
+    rows = np.arange(5 * WIDTH, dtype=np.float32).reshape(5, WIDTH)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), WIDTH).slice(2, 2)
+    form = stored_form(column.type)
+    np.testing.assert_array_equal(form.to_numpy(column), rows[2:4])
+    assert form.bytes_of(column) == [rows[2:4].tobytes()]

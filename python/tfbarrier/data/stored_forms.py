@@ -35,7 +35,8 @@ class FloatRows:
     @staticmethod
     def to_numpy(column):
         """A FixedSizeListArray of float32 as a (rows, width) NumPy array (no copy when possible)."""
-        return column.values.to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
+        # flatten, not .values: a sliced array's values are its parent's, every row
+        return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, column.type.list_size)
 
     @staticmethod
     def bytes_of(column):
