@@ -16,7 +16,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 
 ONEDNN = "--onednn" in sys.argv
 if ONEDNN:
@@ -37,7 +36,7 @@ def single_process(job, extra_env):
 
 def main():
     args = fit_bench.rounds_steps_epochs()
-    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+    data = harness.scratch_dir(prefix="tfbarrier-bench-data-")
     job = fit_bench.Job(argparse.Namespace(model="cnn", batch=64, steps=args.steps, epochs=args.epochs), data)
     workloads.make_data(data, args.steps * job.global_batch)
     if ONEDNN:

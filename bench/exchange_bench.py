@@ -15,7 +15,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import harness
@@ -111,7 +110,7 @@ def main():
     sizes = [int(mb * 2**20 / 4) for mb in args.mb]
     from tfbarrier.exchange.tls import Credentials
 
-    with open(os.path.join(tempfile.mkdtemp(prefix="exchange-bench-"), "tls.pkl"), "wb") as f:
+    with open(os.path.join(harness.scratch_dir(prefix="exchange-bench-"), "tls.pkl"), "wb") as f:
         pickle.dump(Credentials.new(), f)
     os.environ[TLS_FILE_ENV] = f.name
     contenders = {kind: (lambda kind=kind: launch(kind, sizes, args.reps)) for kind in KINDS}

@@ -306,7 +306,7 @@ def main():
     if args.one_fit:
         return one_fit(args)
 
-    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+    data = harness.scratch_dir(prefix="tfbarrier-bench-data-")
     job = Job(args, data)
     x, y = workloads.make_data(data, job.steps * job.global_batch)
     spark = spark_session("local[2]")

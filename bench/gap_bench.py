@@ -9,7 +9,6 @@ interleaved as in fit_bench.py.
 """
 
 import argparse
-import tempfile
 
 import fit_bench  # noqa: E402 - sets the environment Spark's workers inherit
 import harness  # noqa: E402
@@ -23,7 +22,7 @@ def main():
     spark = fit_bench.spark_session("local[2]")
     jobs, frames = {}, {}
     for batch in (64, 256):
-        data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+        data = harness.scratch_dir(prefix="tfbarrier-bench-data-")
         jobs[batch] = fit_bench.Job(argparse.Namespace(model="cnn", batch=batch, steps=args.steps,
                                                        epochs=args.epochs), data)
         x, y = workloads.make_data(data, args.steps * jobs[batch].global_batch)

@@ -1,20 +1,30 @@
 """Shared benchmark helpers: interleaved rounds, min/median/max, the machine and versions, and
 writing a section of bench/README.md."""
 
+import atexit
 import json
 import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where sections are written: bench/README.md, or (make bench-quick) the file TFBARRIER_BENCH_README names.
 README = os.path.join(ROOT, os.environ.get("TFBARRIER_BENCH_README", os.path.join("bench", "README.md")))
+
+
+def scratch_dir(prefix):
+    """A new directory in the temporary directory, removed when this benchmark's process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def local_spark_env():

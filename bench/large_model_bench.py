@@ -112,7 +112,7 @@ def driver(args):
               "weights_mb": sum(w.numpy().nbytes for w in model.weights) / 2**20, "fits": []}
     fit_args = dict(features="x", label="y", batch_size=BATCH, num_workers=2, verbose=0)
     if args.checkpoint_every is not None:  # 0: checkpoint_dir alone (a save at the epoch's end)
-        fit_args.update(steps_per_epoch=args.steps, checkpoint_dir=tempfile.mkdtemp(prefix="large-bench-ckpt-"),
+        fit_args.update(steps_per_epoch=args.steps, checkpoint_dir=harness.scratch_dir(prefix="large-bench-ckpt-"),
                         checkpoint_every=args.checkpoint_every or None)
     elif args.steps:
         fit_args.update(steps_per_epoch=args.steps)

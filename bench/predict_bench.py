@@ -23,7 +23,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -158,7 +157,7 @@ def _peer(path, name, batch_size):
 def contenders(spark, name, count, batch_size):
     """name -> a run returning {"rows_per_s", "peak_mb"}; the one process's first."""
     model = build(name)
-    path = os.path.join(tempfile.mkdtemp(prefix="tfbarrier-bench-"), f"{name}.keras")
+    path = os.path.join(harness.scratch_dir(prefix="tfbarrier-bench-"), f"{name}.keras")
     model.save(path)
     command = [sys.executable, __file__, "--one-process", path, "--model", name, "--rows", str(count),
                "--batch-size", str(batch_size)]

@@ -7,7 +7,6 @@ processes started by hand without Spark, so the cost of each added worker is vis
 """
 
 import argparse
-import tempfile
 
 import fit_bench  # noqa: E402 - sets the environment Spark's workers inherit
 import harness  # noqa: E402
@@ -26,7 +25,7 @@ def main():
 
     most = max(args.workers)
     spark = fit_bench.spark_session(f"local-cluster[{most},1,1024]")
-    data = tempfile.mkdtemp(prefix="tfbarrier-bench-data-")
+    data = harness.scratch_dir(prefix="tfbarrier-bench-data-")
     x, y = workloads.make_data(data, args.steps * args.batch * most)
     df = fit_bench.dataframe(spark, x, y, most)
     contenders = {}

@@ -187,11 +187,10 @@ def main():
     if args.one_process:
         return one_process(args.one_process, texts(args.prompts, seed=2, words=(1, 4)), args.max_length,
                            args.batch_size)
-    import tempfile
 
     spark = harness.local_spark(**{"spark.sql.shuffle.partitions": "2"})
     model = build()
-    path = os.path.join(tempfile.mkdtemp(prefix="tfbarrier-bench-"), "lm.keras")
+    path = os.path.join(harness.scratch_dir(prefix="tfbarrier-bench-"), "lm.keras")
     model.save(path)
     prompts, runs = generation_contenders(spark, model, path, args)
     warm = {name: run() for name, run in runs.items()}  # warm-up: Python workers, model caches, traced generation

@@ -48,7 +48,7 @@ def main():
 
     import workloads
 
-    data = tempfile.mkdtemp(prefix="tfbarrier-ab-data-")
+    data = harness.scratch_dir(prefix="tfbarrier-ab-data-")
     workloads.make_data(data, STEPS[args.model] * BATCH * WORKERS)
     here = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (BENCH, os.environ.get("PYTHONPATH")) if p))
     envs = {} if args.refs else {"this tree": here}
