@@ -6,6 +6,7 @@ import ssl
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -87,8 +88,10 @@ def test_the_ring_sums_every_ranks_array_on_every_rank(n, length, dtype):
 
 
 @pytest.mark.parametrize("n, shape, dtype", [(1, (3,), "int64"), (2, (3, 2), "float32"), (3, (), "float64"),
-                                             (8, (5,), "int32"), (16, (257,), "int64")])
+                                             (8, (5,), "int32"), (16, (257,), "int64"), (2, (4, 3), "bfloat16")])
 def test_the_ring_gathers_every_ranks_array_in_rank_order_on_every_rank(n, shape, dtype):
+    # bfloat16: a bfloat16 embedding's sparse gradient (ml_dtypes, which the buffer protocol cannot name)
+    dtype = getattr(ml_dtypes, dtype, dtype)
     arrays = [np.random.default_rng(i).integers(-1000, 1000, size=shape).astype(dtype) for i in range(n)]
     results = in_threads(n, lambda ring: [ring.all_gather(arrays[ring.rank] * k) for k in (1, 3)])
     for i, result in enumerate(results):

@@ -80,3 +80,25 @@ def test_weights_written_and_read_in_slices_of_a_few_rows_come_back_equal(flavor
     model_spec.read_weights(path, read.weights, lambda variable: [model_spec.tf_variable(variable)])
     for mine, theirs in zip(read.weights, written.weights, strict=True):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def test_bfloat16_weights_are_written_and_read_back_equal(tmp_path, monkeypatch):
+    """KerasHub's presets load in bfloat16, which NumPy knows only through ml_dtypes (no buffer format)."""
+    import keras
+
+    from tfbarrier.models import model_spec
+
+    monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 2)  # the kernel in slices of 3 rows too
+
+    def make(initializer):
+        return keras.Sequential([keras.Input((10,)), keras.layers.Dense(7, kernel_initializer=initializer,
+                                                                        dtype="bfloat16")])
+
+    written, read = make("glorot_uniform"), make("zeros")
+    path = str(tmp_path / "w.safetensors")
+    digest = model_spec.write_weights(written.weights, path)
+    model_spec.read_weights(path, read.weights, lambda variable: [model_spec.tf_variable(variable)])
+    assert model_spec.write_weights(read.weights) == digest
+    for mine, theirs in zip(read.weights, written.weights, strict=True):
+        assert mine.dtype == "bfloat16"
+        np.testing.assert_array_equal(np.asarray(mine, "float32"), np.asarray(theirs, "float32"))

@@ -21,11 +21,11 @@ SEQUENCE = 8
 VOCABULARY = 32
 
 
-def causal_lm():
+def causal_lm(dtype=None):
     keras_hub = pytest.importorskip("keras_hub")
     keras.utils.set_random_seed(3)
     backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCABULARY, num_layers=1, num_query_heads=2,
-                                              num_key_value_heads=1, hidden_dim=16, intermediate_dim=32)
+                                              num_key_value_heads=1, hidden_dim=16, intermediate_dim=32, dtype=dtype)
     model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
     model.compile(optimizer=keras.optimizers.Adam(0.01),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -254,12 +254,12 @@ class Ring:
         """Send ``outgoing`` to the right while reading ``into`` (a contiguous array, filled in place) from the left."""
         self._step += 1
         # ``outgoing`` is sent as it lies: no step changes it before this one's send is done
-        payload = memoryview(np.ascontiguousarray(outgoing)).cast("B")
+        payload = memoryview(np.ascontiguousarray(outgoing).reshape(-1).view(np.uint8))  # bfloat16 has no buffer format
         self._sends.put((_STEP.pack(self._step), payload))
         self.bytes_sent += _STEP.size + payload.nbytes
         try:
             step = _STEP.unpack(_recv_exactly(self._left, _STEP.size))[0]
-            _recv_into(self._left, memoryview(into.reshape(-1)).cast("B"))  # contiguous: a view, not a copy
+            _recv_into(self._left, memoryview(into.reshape(-1).view(np.uint8)))  # contiguous: a view, not a copy
         except OSError as exc:  # a timeout, a closed or reset connection
             raise self._lost(self.rank - 1, f"went silent in the ring ({exc})") from None
         if step != self._step:

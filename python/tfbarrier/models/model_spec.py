@@ -129,10 +129,16 @@ def write_weights(variables, path=None):
         f.write(struct.pack("<Q", len(encoded)) + encoded)
         for variable in variables:
             for values in _values_in_slices(variable):
-                values = memoryview(np.ascontiguousarray(values)).cast("B")
+                values = _bytes_of(values)
                 digest.update(values)
                 f.write(values)
     return digest.hexdigest()
+
+
+def _bytes_of(values):
+    """A byte view of ``values`` (a copy only where they are not contiguous): a view, not memoryview's cast,
+    which cannot name ml_dtypes' bfloat16."""
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
 
 
 def _rows_per_slice(shape, dtype):
@@ -189,12 +195,12 @@ def _assign_in_slices(variable, f, shape, dtype):
     rows = _rows_per_slice(shape, dtype)
     if rows is None:
         values = np.empty(shape, dtype)
-        f.readinto(memoryview(values).cast("B"))
+        f.readinto(_bytes_of(values))
         variable.assign(values)
         return
     for first in range(0, shape[0], rows):
         values = np.empty((min(rows, shape[0] - first), *shape[1:]), dtype)
-        f.readinto(memoryview(values).cast("B"))
+        f.readinto(_bytes_of(values))
         _assign_rows(variable, first, values)
 
 
