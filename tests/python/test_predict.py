@@ -218,3 +218,21 @@ def test_python_workers_pruning_the_hosts_weights_files_at_once_do_not_fail(tmp_
         for process in processes:
             process.join(60)
     assert failures.empty(), failures.get()
+
+
+def test_a_model_whose_layer_keeps_its_state_in_assets_scores_as_locally(spark):
+    """An adapted IntegerLookup keeps its vocabulary in the .keras archive's assets, which neither the model's
+    config nor its weights hold: the executors' copy must be the archive's."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    lookup = keras.layers.IntegerLookup()
+    lookup.adapt(np.array([7, 11, 13, 7, 11]))
+    inputs = keras.Input((1,), dtype="int64")
+    embedded = keras.layers.Flatten()(keras.layers.Embedding(lookup.vocabulary_size(), 3)(lookup(inputs)))
+    net = keras.Model(inputs, keras.layers.Dense(2)(embedded))
+    frame = pd.DataFrame({"code": [7.0, 11.0, 13.0, 99.0, 11.0, 7.0]})
+    scored = tfbarrier.predict(spark.createDataFrame(frame).repartition(2), net, features="code",
+                               output="raw").toPandas()
+    local = net.predict(scored["code"].to_numpy().astype("int64").reshape(-1, 1), verbose=0)
+    np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-5, atol=1e-6)

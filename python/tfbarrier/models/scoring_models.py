@@ -1,7 +1,8 @@
 """How a model reaches predict's executors, and is loaded there once per Python worker.
 
-The model travels as its config and a weights file (model_spec.py), or a Keras 3 model with a preprocessor
-(data/text.py) as its ``.keras`` archive, whose assets hold the tokenizer's vocabulary; the driver serves it for as
+The model travels as its config and a weights file (model_spec.py), or a Keras 3 model with state in assets (a
+preprocessor's tokenizer vocabulary, data/text.py; an adapted lookup layer's) as its ``.keras`` archive, named by a
+digest of its content; the driver serves it for as
 long as it runs (transfer.session_server): each executor host fetches the file once into its
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
 worker rebuilds the model once and keeps the last _CACHE_SIZE. Where Spark encrypts its traffic, so does
@@ -41,8 +42,7 @@ def scoring_model(spark, model):
     the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
     broadcast; and an id naming that model."""
     flavor = keras_flavor(model)
-    if flavor == "keras3" and getattr(model, "preprocessor", None) is not None:
-        # a text model's preprocessor keeps its vocabulary in the archive's assets, which no config holds
+    if flavor == "keras3" and _keeps_assets(model):
         archive, config = save_archive(model), ""  # ModelError in words when it cannot be saved
         name = f"{archive_digest(archive)[:32]}-scoring.keras"  # not the bytes': they hold the second it was saved
 
@@ -72,6 +72,16 @@ def scoring_model(spark, model):
     # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
     objects = native_model.pickled_custom_objects(model) if flavor == "keras3" else None
     return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, **source}
+
+
+def _keeps_assets(model):
+    """Whether some state of the Keras 3 ``model`` lives only in a ``.keras`` archive's assets, which neither its
+    config nor its weights hold: a text model's preprocessor (its tokenizer's vocabulary), an adapted lookup
+    layer (StringLookup, IntegerLookup, TextVectorization)."""
+    if getattr(model, "preprocessor", None) is not None:
+        return True
+    layers = model._flatten_layers() if hasattr(model, "_flatten_layers") else model.layers  # nested ones too
+    return any(hasattr(layer, "save_assets") for layer in layers)
 
 
 def _models_directory():
