@@ -121,7 +121,7 @@ STREAMING_BASELINE := 74a8fa1
 BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-no-onednn memory first-step \
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
-                encryption-native encryption-translated hosts-encryption text
+                encryption-native encryption-translated hosts-encryption text memory-estimate-lora
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -171,6 +171,8 @@ bench-exchange: venv
 	$(PY) bench/exchange_bench.py --rounds 3 --baseline-ref cb33e45
 bench-memory-estimate: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn cnn-wide mlp12 mlp61 mlp150 mlp300
+bench-memory-estimate-lora: venv
+	$(PY) bench/memory_estimate_bench.py --rounds 2 --models lora --optimizers adam --section=-lora
 bench-cpu-pool: venv
 	$(PY) bench/cpu_pool_bench.py --rounds 3
 bench-speed-onednn: venv

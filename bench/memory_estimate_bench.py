@@ -12,7 +12,12 @@ process reports its peak resident memory (``ru_maxrss``: it includes TensorFlow 
 ``memory.ModelSize.worker_bytes``, what the check on the driver compares with what a worker can have.
 The target (issue 43): the estimate within 15% above the peak and never more than 5% below it.
 
+``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
+of about 110 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
+token id columns, its own section of bench/README.md.
+
     .venv/bin/python bench/memory_estimate_bench.py [--rounds 2] [--models cnn mlp61 ...] [--optimizers sgd adam]
+        [--section=-lora]
 """
 
 import argparse
@@ -31,13 +36,27 @@ harness.local_spark_env()
 ROWS, BATCH, STEPS, WORKERS = 256, 64, 4, 2
 HIDDEN = {"mlp12": 3000, "mlp61": 7310, "mlp150": 11800, "mlp300": 16810}  # units of the two hidden layers
 SHAPES = {**{name: (1024,) for name in HIDDEN}, "cnn": (64, 64, 3), "cnn-wide": (64, 64, 3)}
+SEQUENCE, VOCABULARY = 64, 8192  # the LoRA model's rows: 64 token ids each
 OPTIMIZERS = ("sgd", "momentum", "adam")
 TOO_LARGE = {("mlp300", "adam")}  # two workers would need about 18 GB of this machine's 24
 
 
+def lora_model(keras):
+    """A Llama-architecture causal LM of about 110 M parameters, its backbone frozen but for rank-4 adapters."""
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCABULARY, num_layers=8, num_query_heads=8,
+                                              num_key_value_heads=8, hidden_dim=1024, intermediate_dim=2816)
+    model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+    backbone.enable_lora(4)
+    return model
+
+
 def build(keras, name, optimizer):
     layers = keras.layers
-    if name.startswith("mlp"):
+    if name == "lora":
+        model = lora_model(keras)
+    elif name.startswith("mlp"):
         model = keras.Sequential([keras.Input(SHAPES[name]), layers.Dense(HIDDEN[name], activation="relu"),
                                   layers.Dense(HIDDEN[name], activation="relu"), layers.Dense(10)])
     else:
@@ -51,14 +70,26 @@ def build(keras, name, optimizer):
     return model
 
 
-def frame(spark, shape):
+def frame(spark, name):
     import numpy as np
     import pandas as pd
 
     rng = np.random.default_rng(0)
-    x = rng.random((ROWS, int(np.prod(shape))), dtype=np.float32)
-    df = spark.createDataFrame(pd.DataFrame({"x": list(x), "y": rng.integers(0, 10, ROWS)}))
-    return df.repartition(WORKERS).cache()
+    if name == "lora":  # token ids, their next tokens as labels, every position counted
+        tokens = rng.integers(1, VOCABULARY, (ROWS, SEQUENCE + 1)).astype(np.int32)
+        rows = {"ids": list(tokens[:, :-1]), "mask": list(np.ones((ROWS, SEQUENCE), np.int32)),
+                "labels": list(tokens[:, 1:].astype(np.int64))}
+    else:
+        rows = {"x": list(rng.random((ROWS, int(np.prod(SHAPES[name]))), dtype=np.float32)),
+                "y": rng.integers(0, 10, ROWS)}
+    return spark.createDataFrame(pd.DataFrame(rows)).repartition(WORKERS).cache()
+
+
+def columns(name):
+    """fit's features and label for ``name``'s rows."""
+    if name == "lora":
+        return {"features": {"token_ids": "ids", "padding_mask": "mask"}, "label": "labels"}
+    return {"features": "x", "label": "y"}
 
 
 def measure(df, name, optimizer):
@@ -72,19 +103,22 @@ def measure(df, name, optimizer):
     model = build(keras, name, optimizer)
     size = memory.ModelSize.of(model)
     estimate = size.worker_bytes(BATCH // WORKERS) / 2**20
-    result = tfbarrier.fit(df, model, features="x", label="y", batch_size=BATCH, epochs=1,
-                           steps_per_epoch=STEPS, num_workers=WORKERS, verbose=0)
+    result = tfbarrier.fit(df, model, **columns(name), batch_size=BATCH, epochs=1, steps_per_epoch=STEPS,
+                           num_workers=WORKERS, verbose=0)
     peaks = [w["memory"]["peak_mb"] for w in result.workers]
     found = {"peak_mb": max(peaks), "estimate_mb": estimate, "parameters": model.count_params(),
-             "weights_mb": size.weights / 2**20, "memory": [w["memory"] for w in result.workers],
+             "weights_mb": size.weights / 2**20, "trainable_mb": size.trainable / 2**20,
+             "memory": [w["memory"] for w in result.workers],
              "size": dataclasses.asdict(size)}
     print(f"{name}-{optimizer}: {json.dumps(found)}", flush=True)
     return found
 
 
-def section(models, rounds, runs):
+def section(args, runs):
+    extra = f" --optimizers {' '.join(args.optimizers)} --section={args.section}" if args.section else ""
     lines = [
-        f"`.venv/bin/python bench/memory_estimate_bench.py --rounds {rounds} --models {' '.join(models)}`: "
+        f"`.venv/bin/python bench/memory_estimate_bench.py --rounds {args.rounds} --models {' '.join(args.models)}"
+        f"{extra}`: "
         f"2-worker fits on local[2], {STEPS} steps of global batch {BATCH}, memory check off; a training "
         "process's peak resident memory (the larger worker's, TensorFlow included; median (min-max) of the "
         "rounds) against the check's estimate (memory.py). Target: estimate / peak in 0.95-1.15.", "",
@@ -93,7 +127,8 @@ def section(models, rounds, runs):
     for (name, optimizer), found in runs.items():
         low, mid, high = harness.stats([r["peak_mb"] for r in found])
         estimate = found[0]["estimate_mb"]
-        lines.append(f"| {name} | {found[0]['parameters'] / 1e6:.1f} M, {found[0]['weights_mb']:,.0f} MB | "
+        trains = f", {found[0]['trainable_mb']:,.1f} MB trainable" if name == "lora" else ""
+        lines.append(f"| {name} | {found[0]['parameters'] / 1e6:.1f} M, {found[0]['weights_mb']:,.0f} MB{trains} | "
                      f"{optimizer} | {mid:,.0f} ({low:,.0f}-{high:,.0f}) | {estimate:,.0f} | "
                      f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) |")
     return "\n".join(lines)
@@ -104,7 +139,7 @@ def driver(name, optimizers):
     keeps what TensorFlow's allocator once held, so the models of several sizes in one driver add up
     (11.7 GB of them, which the OOM killer ended). Prints a JSON line."""
     spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
-    df = frame(spark, SHAPES[name])
+    df = frame(spark, name)
     found = {optimizer: measure(df, name, optimizer) for optimizer in optimizers}
     print("RESULT " + json.dumps(found), flush=True)
     spark.stop()
@@ -125,6 +160,7 @@ def main():
     parser.add_argument("--models", nargs="+", default=["cnn", "cnn-wide", "mlp12", "mlp61", "mlp150", "mlp300"])
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
     parser.add_argument("--driver")
+    parser.add_argument("--section", default="", help="a suffix of the bench/README.md section written")
     args = parser.parse_args()
     if args.driver:
         return driver(args.driver, args.optimizers)
@@ -135,7 +171,7 @@ def main():
             optimizers = [optimizer for optimizer in args.optimizers if (name, optimizer) in runs]
             for optimizer, found in run_driver(name, optimizers).items():
                 runs[(name, optimizer)].append(found)
-    harness.write_section("memory-estimate", section(args.models, args.rounds, runs))
+    harness.write_section("memory-estimate" + args.section, section(args, runs))
 
 
 if __name__ == "__main__":
