@@ -13,7 +13,7 @@ process reports its peak resident memory (``ru_maxrss``: it includes TensorFlow 
 The target (issue 43): the estimate within 15% above the peak and never more than 5% below it.
 
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
-of about 110 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
+of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
 token id columns, its own section of bench/README.md.
 
     .venv/bin/python bench/memory_estimate_bench.py [--rounds 2] [--models cnn mlp61 ...] [--optimizers sgd adam]
@@ -42,7 +42,7 @@ TOO_LARGE = {("mlp300", "adam")}  # two workers would need about 18 GB of this m
 
 
 def lora_model(keras):
-    """A Llama-architecture causal LM of about 110 M parameters, its backbone frozen but for rank-4 adapters."""
+    """A Llama-architecture causal LM of about 120 M parameters, its backbone frozen but for rank-4 adapters."""
     import keras_hub
 
     backbone = keras_hub.models.LlamaBackbone(vocabulary_size=VOCABULARY, num_layers=8, num_query_heads=8,
