@@ -41,7 +41,7 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 TOO_LARGE = {("mlp300", "adam")}  # two workers would need about 18 GB of this machine's 24
 
 
-def lora_model(keras):
+def lora_model():
     """A Llama-architecture causal LM of about 120 M parameters, its backbone frozen but for rank-4 adapters."""
     import keras_hub
 
@@ -55,7 +55,7 @@ def lora_model(keras):
 def build(keras, name, optimizer):
     layers = keras.layers
     if name == "lora":
-        model = lora_model(keras)
+        model = lora_model()
     elif name.startswith("mlp"):
         model = keras.Sequential([keras.Input(SHAPES[name]), layers.Dense(HIDDEN[name], activation="relu"),
                                   layers.Dense(HIDDEN[name], activation="relu"), layers.Dense(10)])

@@ -1,6 +1,7 @@
 """Shared fixtures: one local[2] SparkSession for the whole test session, scikit-learn's bundled
 8x8 digits as Spark DataFrames, and small Keras models."""
 
+import contextlib
 import os
 import sys
 import time
@@ -279,3 +280,17 @@ def opposite_workers(spark):
 
     frame = pd.DataFrame({"x": [[1.0]] * 8, "y": [2.0] * 4 + [-3.0] * 4})
     return tuple(partitioned(spark, frame, lambda i: i // 4, 2) for _ in range(2))
+
+
+@contextlib.contextmanager
+def model_loads(spark, log):
+    """Within: every predict model load by the executors of the jobs submitted is logged to ``log``. Yields a
+    function giving the pids of the Python workers that loaded a model, a line per load."""
+    import tfbarrier
+
+    env = spark.sparkContext.environment  # executor environment of the jobs submitted from now on
+    env[tfbarrier.settings.MODEL_LOAD_LOG_ENV] = str(log)
+    try:
+        yield lambda: [line.split()[0] for line in log.read_text().splitlines()]
+    finally:
+        del env[tfbarrier.settings.MODEL_LOAD_LOG_ENV]

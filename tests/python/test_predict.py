@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import digits_cnn, partitioned
+from conftest import digits_cnn, model_loads, partitioned
 
 import tfbarrier
 from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
@@ -77,17 +77,12 @@ def test_empty_partitions_and_partitions_smaller_than_a_batch(spark, model, rows
 
 
 def test_model_is_loaded_once_per_python_worker_not_per_batch(spark, model, rows, tmp_path):
-    log = tmp_path / "loads.log"
-    env = spark.sparkContext.environment  # executor environment of the jobs submitted from now on
-    env[tfbarrier.settings.MODEL_LOAD_LOG_ENV] = str(log)
-    try:
+    with model_loads(spark, tmp_path / "loads.log") as loaders:
         df = spark.createDataFrame(rows).repartition(4)
         scored = tfbarrier.predict(df, model, features="pixels", batch_size=16)  # 600 rows: ~40 batches
         first = scored.toPandas().sort_values("row_id")
         second = scored.toPandas().sort_values("row_id")  # a second job reuses the Python workers' cached model
-    finally:
-        del env[tfbarrier.settings.MODEL_LOAD_LOG_ENV]
-    pids = [line.split()[0] for line in log.read_text().splitlines()]
+        pids = loaders()
     assert 1 <= len(pids) <= 2  # local[2]: at most two Python workers, one load each
     assert len(set(pids)) == len(pids)
     expected = np.argmax(local_outputs(model, first)[0], axis=1)

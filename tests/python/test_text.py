@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import partitioned
+from conftest import model_loads, partitioned
 from support import faults
 from pyspark.sql import functions as F
 
@@ -134,17 +134,13 @@ def test_a_text_model_scored_again_later_is_not_loaded_again(spark, tmp_path):
     each Python worker keeps the copy it loaded (and, for a causal LM, its traced generation)."""
     import time
 
-    model, log = classifier(), tmp_path / "loads.log"
+    model = classifier()
     df = spark.createDataFrame(reviews(8, seed=6)).repartition(2)
-    env = spark.sparkContext.environment  # executor environment of the jobs submitted from now on
-    env[tfbarrier.settings.MODEL_LOAD_LOG_ENV] = str(log)
-    try:
+    with model_loads(spark, tmp_path / "loads.log") as loaders:
         first = tfbarrier.predict(df, model, features="text", output="raw").toPandas()
         time.sleep(1.1)  # the archive saved for the second call is stamped with another second
         second = tfbarrier.predict(df, model, features="text", output="raw").toPandas()
-    finally:
-        del env[tfbarrier.settings.MODEL_LOAD_LOG_ENV]
-    pids = [line.split()[0] for line in log.read_text().splitlines()]
+        pids = loaders()
     assert 1 <= len(pids) <= 2 and len(set(pids)) == len(pids)  # local[2]: one load a Python worker, both calls
     assert sorted(map(tuple, np.stack(first["prediction"]))) == sorted(map(tuple, np.stack(second["prediction"])))
 
