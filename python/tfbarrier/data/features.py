@@ -208,6 +208,10 @@ class Features:
         """Refuse a model whose input rows of ``width`` values (None: not known yet) cannot fill."""
         check_width(width, input_shape)
 
+    def widths(self, profile):
+        """{model input name, or None for a model's one input: values a row} as the profile found them."""
+        return {}
+
     def check_widths(self, shortest, longest, name=None):
         """Refuse rows of different widths (feature values per row) in column ``name`` (the first feature's)."""
         column, rows, length = self.noun
@@ -263,6 +267,9 @@ class ArrayColumn(Features):
                               "null elements: impute them first")
         self.check_widths(profile["min_length"], profile["max_length"])
         self.check_input(input_shape, profile["min_length"])
+
+    def widths(self, profile):
+        return {None: profile["min_length"]}
 
     def x(self, batch):
         column = batch.column(self.features[0])
@@ -332,14 +339,16 @@ class NamedInputs(Features):
         return array_aggregates(self.arrays, lambda what, i: f"{what}_{i}")
 
     def check_profile(self, profile, input_shape):
-        widths = {}
         for i, name in enumerate(self.arrays):
             if profile[f"null_elements_{i}"]:
                 raise ColumnError(f"feature column {name!r} has {profile[f'null_elements_{i}']} array(s) with null "
                                   "elements: impute them first")
             self.check_widths(profile[f"min_length_{i}"], profile[f"max_length_{i}"], name)
-            widths[name] = profile[f"min_length_{i}"]
-        self.check_input(input_shape, {name: widths.get(column, 1) for name, column in zip(self.inputs, self.features)})
+        self.check_input(input_shape, self.widths(profile))
+
+    def widths(self, profile):
+        found = {name: profile[f"min_length_{i}"] for i, name in enumerate(self.arrays)}
+        return {name: found.get(column, 1) for name, column in zip(self.inputs, self.features)}
 
     def check_input(self, input_shape, width=None):
         """Refuse a model whose inputs are not the ones named (``input_shape``: {name: shape}, one shape for

@@ -271,6 +271,6 @@ def _model(job, workdir, ring, config, flavor, exchanged):
     sum_metrics(model, ring, flavor.metrics_reader)
     baseline_mb, _ = training.resident_mb()
     if job.memory_check:
-        memory.check_on_host(memory.ModelSize.of(model, job.exchange), job.batch_size // ring.size,
+        memory.check_on_host(memory.ModelSize.of_trained(model, job), job.batch_size // ring.size,
                              config["workers_on_host"], int((baseline_mb - tensorflow_mb) * 2**20))
     return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}, sent

@@ -91,6 +91,6 @@ def _strategy_and_model(job, workdir, shard, num_workers, config):
     job.layout.check_input(input_shape, shard.width)  # a model function's input shape is known only here
     baseline_mb, _ = training.resident_mb()
     if job.memory_check:
-        memory.check_on_host(memory.ModelSize.of(model, job.exchange), job.batch_size // num_workers,
+        memory.check_on_host(memory.ModelSize.of_trained(model, job), job.batch_size // num_workers,
                              config["workers_on_host"], int((baseline_mb - tensorflow_mb) * 2**20))
     return distribution, model, pacer, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}

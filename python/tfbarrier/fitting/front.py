@@ -59,8 +59,10 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
     basics, chosen, gpus_per_worker = preflight.job_basics(spark, env, use_gpu, num_workers, allow_unencrypted,
                                                            started, tf_threads, exchange_for)
     gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
-    memory.check_on_driver(spark, spec.size, training["batch_size"] // num_workers, num_workers, chosen)
-    frame, source = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
+    rows = training["batch_size"] // num_workers
+    memory.check_on_driver(spark, spec.size, rows, num_workers, chosen)  # as far as the model alone tells
+    frame, source, profile = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
+    _check_memory_of_sequences(spark, spec, model, layout.widths(profile), rows, num_workers, chosen)
     job = FitJob(model=spec, layout=layout, source=source,
                  callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
                  checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), exchange=chosen,
@@ -121,9 +123,18 @@ def _validation_and_saving(validation_data, validation_split, validation_freq, f
                              "validation_split": validation_split, "validation_freq": validation_freq,
                              "save_to": save_to, "save_best": save_best, "save_mode": save_mode}
 
+def _check_memory_of_sequences(spark, spec, model, widths, rows, num_workers, exchange):
+    """Check again, what a step keeps traced, a model whose layers hide their sizes until the data's ``widths``
+    tell them (a sequence's length): ``spec.size`` then carries the traced sizes to the training processes."""
+    sized = spec.size and spec.size.with_widths(model, memory.input_shapes(model, widths))
+    if sized is not spec.size:
+        spec.size = sized
+        memory.check_on_driver(spark, sized, rows, num_workers, exchange)
+
+
 def _training_frame(data, layout, num_workers, input_shape, validation_data=None):
-    """(the DataFrame of the barrier stage, the direct source its tasks read (DIRECT_SOURCES) or None), once the
-    data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
+    """(the DataFrame of the barrier stage, the direct source its tasks read (DIRECT_SOURCES) or None, the
+    data's profile), once the data passed the checks. A plain Parquet scan is read by the tasks themselves and profiled from
     its footers (see parquet_source for which); any other DataFrame is profiled with one aggregate
     pass and streamed by Spark, repartitioned unless it has ``num_workers`` partitions, none of them
     empty. ``validation_data``, profiled too, joins the training rows marked by VALIDATION_COLUMN, in one
@@ -134,11 +145,11 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     profile = source.profile if source else checks.profile(frame, layout)
     checks.check_profile(profile, layout, num_workers, input_shape)
     if source:
-        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source
+        return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source, profile
     keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
     if validation_data is not None:
-        return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None
-    return (frame if keep else frame.repartition(num_workers)), None
+        return _with_validation_rows(frame, keep, validation_data, layout, num_workers, input_shape), None, profile
+    return (frame if keep else frame.repartition(num_workers)), None, profile
 
 def _direct_source(frame, partitions, layout, num_workers):
     """The first of DIRECT_SOURCES that can read ``frame`` without Spark, else None."""

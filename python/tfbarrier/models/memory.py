@@ -9,7 +9,11 @@ first SMALL_MODEL_BYTES, which TensorFlow's allocator keeps once it has them the
 ``small_model_copies``), the optimizer's slots (none for plain SGD, one copy
 of the trainable weights with momentum, two for Adam...: their updates' temporaries fit in what the
 step holds anyway), and each layer's output on a batch, kept for the backward pass with its gradient
-(ACTIVATION_COPIES). The constants come from the peaks of real 2-worker fits
+(ACTIVATION_COPIES). A model whose layers' outputs do not tell their sizes (a transformer's sequence
+length, unknown until the data's widths are; its blocks' insides, which no layer output shows) is
+traced instead, once the widths are known: what a step's backward pass keeps of its forward pass,
+tensor by tensor (``kept_for_backward``), counted once, as measured. A model that trains natively
+(Keras 3) holds Keras 3 besides (KERAS3_BYTES) and its weights once more as its archive loaded them. The constants come from the peaks of real 2-worker fits
 (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
 momentum and Adam; the strategy's at ec8e299, the ring's at 63fde93); bench/README.md has the estimate
 beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
@@ -36,6 +40,9 @@ from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
 
 MIB = 2**20
 TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
+KERAS3_BYTES = 160 * MIB  # Keras 3 (and KerasHub) besides, for a model that trains natively (813 MB at its start)
+# A native model's ``.keras`` archive, loaded, leaves about its weights' size held besides them: a 458 MB
+# LoRA model's process grew 774 MB in building it (bench/memory_estimate_bench.py, the "lora" row).
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
 SMALL_MODEL_BYTES = 128 * MIB  # the strategy's step keeps as many copies again of this much of the weights
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
@@ -80,24 +87,43 @@ class ModelSize:
     inputs: int = 0  # bytes of a sample's inputs
     activations: int = 0  # bytes of a sample's layer outputs (0 where the model does not tell them)
     exchange: object = None  # how its gradients travel (an Exchange); None: tfbarrier's ring, the default
+    kept: tuple = None  # traced (bytes a sample, bytes whatever the batch) a step keeps for its backward pass
+    native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
 
     @classmethod
-    def of(cls, model, exchange=None):
+    def of(cls, model, exchange=None, kept=None, native=False):
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
-                   exchange=exchange)
+                   exchange=exchange, kept=kept, native=native)
+
+    @classmethod
+    def of_trained(cls, model, job):
+        """The size of ``model`` as ``job``'s training process built it, with what the driver traced of it."""
+        return cls.of(model, job.exchange, kept=getattr(job.model.size, "kept", None) if hasattr(job.model, "size")
+                      else None, native=getattr(job.model, "native", False))
+
+    def with_widths(self, model, shapes):
+        """This size with what a step keeps traced, for a model whose outputs hide their sizes, its inputs'
+        per-sample ``shapes`` ({input name: shape}) known from the data; itself where nothing is hidden."""
+        if not _hides_sizes(model) or not shapes:
+            return self
+        kept = kept_for_backward(model, shapes)
+        return self if kept is None else dataclasses.replace(self, kept=kept)
 
     def parts(self, rows):
         """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
         exchange = self.exchange or exchanges.named("tfbarrier")
         small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
         step = exchange.step_copies * (self.trainable + small)
-        return {"TensorFlow": TENSORFLOW_BYTES,
+        kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
+                else self.kept[0] * rows + self.kept[1])
+        return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),
                 "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
+                "the weights as its archive loaded them": self.weights if self.native else 0,
                 f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
-                "a batch's layer outputs": int(ACTIVATION_COPIES * self.activations * rows),
+                "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
                 "a batch": self.inputs * rows}
 
     def worker_bytes(self, rows):
@@ -116,6 +142,65 @@ def _values(tensors):
         if shape and None not in shape:
             total += math.prod(int(d) for d in shape)
     return total
+
+
+def _hides_sizes(model):
+    """Whether ``model``'s inputs have sizes only the data tells (a sequence's length)."""
+    return any(None in tuple(getattr(t, "shape", None) or ())[1:] for t in getattr(model, "inputs", None) or [])
+
+
+def kept_for_backward(model, shapes):
+    """(bytes a sample, bytes whatever the batch) of the tensors a training step's backward pass keeps
+    from its forward pass: the step traced (never run) at batches of one and two rows, its inputs of
+    per-sample ``shapes``; None where it cannot be traced."""
+    try:
+        one, two = (_traced_kept(model, shapes, rows) for rows in (1, 2))
+    except Exception:  # noqa: BLE001 - a model this tracing cannot call: the layers' rule stands
+        return None
+    return max(0, two - one), max(0, 2 * one - two)
+
+
+def _traced_kept(model, shapes, rows):
+    import tensorflow as tf
+
+    inputs = list(model.inputs)
+    specs = [tf.TensorSpec((rows, *shapes[_input_name(t)]), t.dtype) for t in inputs]
+    forward = {}
+
+    def step(*xs):
+        with tf.GradientTape() as tape:
+            outputs = model(dict(zip(map(_input_name, inputs), xs)) if len(xs) > 1 else xs[0], training=True)
+            total = tf.add_n([tf.reduce_sum(tf.cast(o, tf.float32)) for o in _flatten(outputs)])
+        forward.update((op.name, op) for op in tf.compat.v1.get_default_graph().get_operations())
+        return tape.gradient(total, model.trainable_variables)
+
+    graph = tf.function(step).get_concrete_function(*specs).graph
+    kept = {t.name: t.shape.num_elements() * t.dtype.size for op in graph.get_operations() if op.name not in forward
+            for t in op.inputs if t.op.name in forward and t.op.type not in _NOT_KEPT and t.dtype.is_floating
+            and t.shape.is_fully_defined()}
+    return sum(kept.values())
+
+
+_NOT_KEPT = {"ReadVariableOp", "Const", "Placeholder", "VarHandleOp", "Shape"}  # the weights themselves, no copies
+
+
+def input_shapes(model, widths):
+    """{input name: per-sample shape} of ``model``'s inputs, a dimension only the data tells (one None)
+    filled from ``widths`` ({input name, or None for a model's one input: values a row}); {} where one
+    is left unknown."""
+    shapes = {}
+    for tensor in getattr(model, "inputs", None) or []:
+        shape = tuple(getattr(tensor, "shape", None) or ())[1:]
+        width = widths.get(_input_name(tensor), widths.get(None))
+        known = math.prod(int(d) for d in shape if d is not None)
+        if shape.count(None) > 1 or (None in shape and (not width or width % known)):
+            return {}
+        shapes[_input_name(tensor)] = tuple(width // known if d is None else int(d) for d in shape)
+    return shapes
+
+
+def _input_name(tensor):
+    return getattr(tensor, "name", "").split(":")[0]
 
 
 def _activations(model):
