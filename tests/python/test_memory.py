@@ -215,3 +215,34 @@ def test_the_estimate_covers_the_peak_of_a_fit_whose_layer_outputs_outweigh_its_
     peak_mb = max(w["memory"]["peak_mb"] for w in result.workers)
     estimate_mb = memory.ModelSize.of(model).worker_bytes(32) / 2**20
     assert 0.8 * peak_mb <= estimate_mb <= 1.5 * peak_mb, (estimate_mb, peak_mb)
+
+
+def test_the_estimate_covers_the_peak_of_a_sequence_model_whose_steps_outweigh_its_weights(spark):
+    """A model of token sequences, whose inputs' length only the data tells (``keras.Input((None,))``):
+    its layers' outputs show no size, so the layers' rule counted nothing of a step's tensors, and the
+    estimate was 0.37x a LoRA fit's peak (bench/README.md, memory-estimate-lora, at 3a4e826). Traced once the
+    profile knows the length, what the step keeps is counted: here most of the peak, for 21 MB of weights."""
+    import keras
+
+    from tfbarrier.models import memory
+
+    length, width, rows = 256, 1024, 64
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    hidden = keras.layers.Embedding(1000, width)(tokens)
+    for _ in range(3):
+        hidden = keras.layers.Dense(width, activation="gelu")(hidden)
+    model = keras.Model(tokens, keras.layers.Dense(16)(hidden))
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    df = spark.createDataFrame([(ids.tolist(), labels.tolist()) for ids, labels in
+                                zip(rng.integers(0, 1000, (rows, length)), rng.integers(0, 16, (rows, length)))],
+                               "ids array<int>, labels array<long>")
+    result = tfbarrier.fit(df.repartition(2), model, features={"tokens": "ids"}, label="labels", batch_size=rows,
+                           epochs=1, steps_per_epoch=1, num_workers=2, verbose=0)
+    peak_mb = max(w["memory"]["peak_mb"] for w in result.workers)
+    size = memory.ModelSize.of(model, native=True)
+    sized = size.with_widths(model, memory.input_shapes(model, {"tokens": length}))
+    kept_mb = (sized.kept[0] * rows // 2 + sized.kept[1]) / 2**20
+    estimate_mb = sized.worker_bytes(rows // 2) / 2**20
+    assert kept_mb > 0.25 * peak_mb, (kept_mb, peak_mb)  # the step's tensors are what the estimate is about
+    assert 0.8 * peak_mb <= estimate_mb <= 1.5 * peak_mb, (estimate_mb, peak_mb, sized.describe(rows // 2))
