@@ -136,3 +136,23 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
   if (inherits(tbl, "tbl_spark")) scored <- back_to_sparklyr(scored, tbl)
   scored
 }
+
+#' A KerasHub preset for spark_tf_fit(), loaded by the training processes, never by R
+#'
+#' The driver ships the preset's path, not its weights: each training process loads the task saved there
+#' (`task$save_to_preset(path)`, or a downloaded preset's directory), enables LoRA adapters of `lora_rank` on its
+#' backbone, and trains; only the adapters train, cross the ring and come back.
+#'
+#' @param path A KerasHub preset directory every executor can read (a path on each host, or a file system
+#'   TensorFlow reads: HDFS, S3). A preset no executor can read is refused with the path and the host.
+#' @param lora_rank The LoRA adapters' rank, or `NULL` for none (the whole model trains and comes back).
+#' @param prepare `NULL`, or a Python function of the loaded model (through reticulate) called in each training
+#'   process before training, e.g. to compile it with your optimizer; without it the task keeps KerasHub's compile.
+#' @return A preset for `spark_tf_fit(model = )`. With `lora_rank`, the fit's `model` is the trained adapters:
+#'   `fit$model$save(path)` writes them (a `.lora.h5` file for `load_lora_weights()`), `fit$model$load()` returns
+#'   the preset's task with them.
+#' @export
+tf_preset <- function(path, lora_rank = NULL, prepare = NULL) {
+  check_given("path")
+  tf_call(core$preset(path.expand(path), lora_rank = if (!is.null(lora_rank)) as_int(lora_rank), prepare = prepare))
+}

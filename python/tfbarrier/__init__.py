@@ -17,7 +17,7 @@ from tfbarrier import errors, tf_banners
 # the call (``tfbarrier.attach`` was both, and became the module once ``attached_session`` was used).
 _CALLS = {"FitResult": "api", "apply": "api", "fit": "api", "run": "api",
           "attach": "spark.attachment", "attached_session": "spark.attachment", "detach": "spark.attachment",
-          "PythonEnv": "spark.environment", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
+          "PythonEnv": "spark.environment", "preset": "models.presets", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
           "TuneResult": "tuning", "tune": "tuning"}
 
 
@@ -43,4 +43,4 @@ tf_banners.install()
 
 __version__ = "0.1.0"
 __all__ = ["FitResult", "PythonEnv", "TuneResult", "apply", "attach", "attached_session", "detach", "errors", "fit",
-           "predict", "predict_local", "run", "spark_frame", "tune", "__version__"]
+           "predict", "predict_local", "preset", "run", "spark_frame", "tune", "__version__"]

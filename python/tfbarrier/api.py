@@ -33,9 +33,9 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         is instead read by the tasks themselves with pyarrow and checked from the files' footers:
         each task reads its Spark partition's files when the scan has ``num_workers`` partitions,
         else a contiguous, even share of the rows (README, "Large data and images").
-    model : Keras model or callable
-        A compiled Keras model (Keras 3 or tf_keras) with one input, or a function of no arguments
-        that builds and compiles one with ``tf.keras`` (use this for custom layers).
+    model : Keras model, callable or preset
+        A compiled Keras model (Keras 3 or tf_keras), a function of no arguments that builds and compiles
+        one with ``tf.keras``, or a KerasHub preset the training processes load (``tfbarrier.preset``).
     features : str, list of str or dict
         One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, one
         binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s

@@ -340,3 +340,33 @@ test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs fro
   expect_equal(dim(predicted$cls), c(10L, 2L))
   expect_equal(dim(predicted$reg), c(10L, 1L))
 })
+
+test_that("spark_tf_fit fine-tunes a KerasHub preset's LoRA adapters, the preset loaded by the workers", {
+  skip_if_no_tfbarrier()
+  keras_hub <- tfbarrier:::import_after_tfbarrier("keras_hub")
+  keras <- tfbarrier:::import_after_tfbarrier("keras")
+  keras$utils$set_random_seed(3L)
+  backbone <- keras_hub$models$LlamaBackbone(vocabulary_size = 32L, num_layers = 1L, num_query_heads = 2L,
+                                             num_key_value_heads = 1L, hidden_dim = 16L, intermediate_dim = 32L)
+  path <- file.path(tempfile("preset"), "tiny_llama")
+  keras_hub$models$LlamaCausalLM(backbone, preprocessor = NULL)$save_to_preset(path)
+  set.seed(2)
+  tokens <- (outer(sample.int(32L, 48L, replace = TRUE) - 1L, 0:8, `+`)) %% 32L
+  data <- data.frame(row = 1:48)
+  data$ids <- tokens[, 1:8]
+  data$mask <- matrix(1L, nrow = 48, ncol = 8)
+  data$labels <- tokens[, 2:9]
+  fit <- spark_tf_fit(data, tf_preset(path, lora_rank = 2), features = c(token_ids = "ids", padding_mask = "mask"),
+                      label = "labels", epochs = 2, batch_size = 8, num_workers = 2, spark = test_spark())
+  expect_equal(nrow(fit$history), 2)
+  expect_length(unique(fit$workers$checksum), 1)
+  expect_equal(fit$model$rank, 2L)
+  trained <- fit$model$load()
+  adapters <- Filter(function(w) grepl("lora", w$path), trained$weights)
+  expect_equal(length(trained$trainable_weights), length(adapters))
+  moved <- max(vapply(Filter(function(w) grepl("lora_kernel_b", w$path), adapters),
+                      function(w) max(abs(w$numpy())), numeric(1)))
+  expect_gt(moved, 0)  # lora_kernel_b starts at zeros
+  saved <- fit$model$save(tempfile(fileext = ".lora.h5"))
+  expect_lt(file.size(saved), 1e5)  # the adapters alone, not the backbone
+})

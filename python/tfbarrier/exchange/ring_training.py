@@ -39,6 +39,7 @@ from tfbarrier.fitting import evaluation, optimizers, pacing, training
 from tfbarrier.fitting.checkpoints import resume_point, start_of
 from tfbarrier.models import memory
 from tfbarrier.models.model_spec import write_weights
+from tfbarrier.models.native_model import input_shape_of
 from tfbarrier.results import FitOutput, ProcessReport
 
 TRAINED_ARCHIVE_FILE = "trained.keras"  # a Keras 3 chief's trained model, for the driver
@@ -121,7 +122,7 @@ class Keras3:
         return model
 
     def input_shape(self, job, model):
-        return job.model.input_shape
+        return job.model.input_shape if job.model.input_shape is not None else input_shape_of(model)
 
     def steps_per_execution(self, model):
         return int(model.steps_per_execution)
@@ -148,6 +149,8 @@ class Keras3:
     def write_trained(self, job, model, workdir, is_chief):
         """(the chief's ``.keras`` archive for the driver, the weights' checksum); with adapters, which no
         archive keeps, its weights file."""
+        if hasattr(job.model, "write_trained"):  # a preset's: its adapters alone, where it has them
+            return (job.model.write_trained(model, workdir) if is_chief else {}), write_weights(model.weights)
         if getattr(job.model, "adapters", ()):
             return training.write_trained(job, model, workdir, is_chief)
         if is_chief:
@@ -266,6 +269,8 @@ def _model(job, workdir, ring, config, flavor, exchanged):
     model = flavor.build(job, workdir)
     if getattr(job.model, "flavor", None) == "function":  # built by each worker: with no seed, each its own weights
         ring.broadcast_variables(model.weights)  # (the strategy gave every variable worker 0's initial value)
+    elif hasattr(job.model, "drawn_by_each_worker"):  # a preset's adapters, drawn at random where it loaded
+        ring.broadcast_variables(job.model.drawn_by_each_worker(model))
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
     sent = job.exchange.describe(exchange_gradients(model.optimizer, ring, flavor, job.communication, exchanged))
     sum_metrics(model, ring, flavor.metrics_reader)

@@ -12,7 +12,7 @@ from tfbarrier.data.layouts import layout as features_layout
 from tfbarrier.errors import ReplicasDivergedError
 from tfbarrier.exchange import tls
 from tfbarrier.fitting.job import VALIDATION_COLUMN, FitJob, validates
-from tfbarrier.models import memory, native_model
+from tfbarrier.models import memory, native_model, presets
 from tfbarrier.results import FitResult
 from tfbarrier.spark import cluster, gpus, preflight, stage
 
@@ -38,6 +38,8 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     spark = data.sparkSession
     if layout.takes_text:
+        presets.refuse(model, "a text column", "tokenize it first: give the token ids (and padding mask) as array "
+                       "columns, features={\"token_ids\": ..., \"padding_mask\": ...}")
         text.check_model(model, layout.features[0], native_model.keras_flavor(model) == "keras3")
         native_model.check_options(**{"class_weight without a label": (
             class_weight if layout.label is None else None, "weigh the rows through the preprocessor's labels")})

@@ -115,7 +115,7 @@ class FitJob(Job):
     def decode(self, results, files):
         """The path of the chief's trained model: its weights, or a model function's .keras archive."""
         chief = results[0]
-        return files.received(chief.files.get("weights") or chief.files["archive"])
+        return files.received(chief.files.get("weights") or chief.files.get("adapters") or chief.files["archive"])
 
     # ---- in the training process ----
     @property

@@ -36,6 +36,12 @@ def spec_for_fit(model, files, path="auto", named=False):
     """The spec of the model ``fit`` got, its files added to ``files``: a NativeModel for a Keras 3
     model object that trains natively (always, with inputs or outputs ``named`` by features= or label=),
     else a ModelSpec checked to rebuild in tf_keras."""
+    from tfbarrier.models import presets
+
+    if isinstance(model, (str, os.PathLike)):
+        model = presets.preset(model)
+    if isinstance(model, presets.Preset):  # loaded by the training processes, never here
+        return presets.PresetModel.from_preset(model, files)
     path = str(path).strip().lower()
     if path not in PATHS:
         raise InvalidArgumentError(f"spark.tfbarrier.keras3Training is {path!r}: set it to one of {', '.join(PATHS)}")

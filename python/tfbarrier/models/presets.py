@@ -1,0 +1,190 @@
+"""A KerasHub preset loaded where it trains: ``fit(df, tfbarrier.preset(path, lora_rank=4))``.
+
+The driver never builds the model: it reads the preset's ``task.json`` (which task class to load) and ships
+the path, the LoRA rank and the user's ``prepare`` function (cloudpickled). Each training process loads the
+task from the preset itself (``from_preset``), enables the adapters, calls ``prepare`` (compile, freeze) and
+trains natively (Keras 3). With adapters, only they come back: the chief writes ``save_lora_weights``'s file
+and the driver holds it (``LoraAdapters``, a few MB) however large the backbone; without, the chief's ``.keras``
+archive, the whole model.
+
+Nothing here imports TensorFlow or Keras at module import time.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import tempfile
+
+import cloudpickle
+
+from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.spark.job import pickle_user_code
+
+TASK_FILE = "task.json"  # KerasHub's: the task's class and config, written by save_to_preset
+PREPARE_FILE = "prepare.pkl"  # the user's prepare(model), cloudpickled
+ADAPTERS_FILE = "adapters.lora.h5"  # the chief's trained adapters (save_lora_weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """What the user asks for: a KerasHub preset directory every executor can read (a local path on each
+    host, or a file system TensorFlow reads), LoRA adapters of ``lora_rank`` (None: none), and ``prepare``, a
+    function of the loaded model run before training (compile it, freeze layers)."""
+
+    path: str
+    lora_rank: int = None
+    prepare: object = None
+
+
+def preset(path, lora_rank=None, prepare=None):
+    """A KerasHub preset for ``fit``'s ``model=``, loaded by the training processes, never by the driver.
+    ``lora_rank``: enable LoRA adapters of that rank on the task's backbone (only they train and come back);
+    ``prepare``: a function of the loaded model, called in each training process before training (e.g.
+    ``lambda m: m.compile(optimizer=keras.optimizers.Adam(5e-5))``); without it the task keeps the compile
+    KerasHub gave it."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise InvalidArgumentError(f"preset must be the path of a KerasHub preset directory, got {path!r}")
+    if lora_rank is not None and (isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1):
+        raise InvalidArgumentError(f"lora_rank must be a positive integer (or None: no adapters), got {lora_rank!r}")
+    if prepare is not None and not callable(prepare):
+        raise InvalidArgumentError(f"prepare must be a function of the loaded model, got {type(prepare).__name__}")
+    return Preset(os.fspath(path), lora_rank, prepare)
+
+
+def refuse(model, what, fix):
+    """Refuse, on the driver, ``what`` a preset fit does not take yet (a preset's model is not on the driver)."""
+    if isinstance(model, (str, os.PathLike, Preset)):
+        raise InvalidArgumentError(f"a KerasHub preset's fit does not take {what} yet: {fix}")
+
+
+def task_class(path):
+    """The registered name of the task class a preset directory saved (its ``task.json``), read on the driver
+    where it can see the path; None where it cannot (a path only the executors have)."""
+    task = os.path.join(path, TASK_FILE)
+    if not os.path.isdir(path):
+        return None
+    if not os.path.exists(task):
+        raise ModelError(f"the preset {path!r} has no {TASK_FILE}: it holds a backbone, not a task to train; save "
+                         "the task (e.g. a CausalLM) with task.save_to_preset(path)")
+    with open(task) as f:
+        return json.load(f)["registered_name"]
+
+
+@dataclasses.dataclass
+class PresetModel:
+    """The spec of a preset fit (in the job): the path, the task's class, the rank, the pickled ``prepare``."""
+
+    path: str
+    task: str = None  # the task class's registered name ("keras_hub>LlamaCausalLM"); None: read by the process
+    lora_rank: int = None
+    prepare: object = None  # transfer.Payload of PREPARE_FILE
+    input_shape = None  # known once loaded
+    size = None  # the driver holds no weights to count: each training process checks on its host
+    adapters = ()
+    flavor = "keras3"
+    native = True
+
+    @classmethod
+    def from_preset(cls, chosen, files):
+        pickled = chosen.prepare and files.add_bytes(PREPARE_FILE, _pickled(chosen.prepare))
+        return cls(chosen.path, task_class(chosen.path), chosen.lora_rank, pickled)
+
+    # ---- in the training process ----
+    def build(self, workdir):
+        """The task loaded from the preset, its adapters enabled, ``prepare`` called; compiled."""
+        import keras
+        import keras_hub  # noqa: F401 - registers the tasks' classes
+
+        loaded = self._task_class(keras).from_preset(self.path)
+        if self.lora_rank:
+            loaded.backbone.enable_lora(self.lora_rank)
+        if self.prepare is not None:
+            with open(self.prepare.path(workdir), "rb") as f:
+                cloudpickle.load(f)(loaded)
+        if getattr(loaded, "optimizer", None) is None:
+            raise ModelError("the preset's task is not compiled: compile it in prepare=")
+        return loaded
+
+    def _task_class(self, keras):
+        if not _readable(os.path.join(self.path, TASK_FILE)):
+            raise ModelError(f"the preset {self.path!r} cannot be read on {socket.gethostname()}: every executor "
+                             "must see it (a path on each host, or a file system TensorFlow reads: HDFS, S3)")
+        task = self.task
+        if task is None:
+            import tensorflow as tf
+
+            task = json.loads(tf.io.gfile.GFile(os.path.join(self.path, TASK_FILE)).read())["registered_name"]
+        return keras.saving.get_registered_object(task)
+
+    @staticmethod
+    def drawn_by_each_worker(model):
+        """The variables each worker drew at random (the adapters; the preset's weights are the same
+        everywhere): the chief's values go to every worker before the first step."""
+        return model.trainable_weights
+
+    def write_trained(self, model, workdir):
+        """The chief's file for the driver: the adapters with LoRA, else the whole model's archive."""
+        if self.lora_rank:
+            model.backbone.save_lora_weights(os.path.join(workdir, ADAPTERS_FILE))
+            return {"adapters": ADAPTERS_FILE}
+        model.save(os.path.join(workdir, "trained.keras"))
+        return {"archive": "trained.keras"}
+
+    # ---- back on the driver ----
+    def trained_model(self, original, path):
+        """The adapters (``LoraAdapters``) with LoRA, else the whole trained model loaded from its archive."""
+        if self.lora_rank:
+            with open(path, "rb") as f:
+                return LoraAdapters(self.path, self.task, self.lora_rank, f.read())
+        import keras
+        import keras_hub  # noqa: F401
+
+        return keras.saving.load_model(path)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraAdapters:
+    """What a LoRA fit of a preset returns: the trained adapters (``save_lora_weights``'s file, as bytes), and
+    the preset and rank they go on."""
+
+    preset: str
+    task: str
+    rank: int
+    weights: bytes
+
+    def save(self, path):
+        """Write the adapters to ``path`` (a ``.lora.h5`` file KerasHub's ``load_lora_weights`` reads)."""
+        with open(path, "wb") as f:
+            f.write(self.weights)
+        return path
+
+    def load(self):
+        """The preset's task with these adapters: the whole model, loaded here (where the preset must be readable)."""
+        import keras
+        import keras_hub  # noqa: F401
+
+        task = self.task or task_class(self.preset)
+        model = keras.saving.get_registered_object(task).from_preset(self.preset)
+        model.backbone.enable_lora(self.rank)
+        with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+            model.backbone.load_lora_weights(self.save(os.path.join(tmp, ADAPTERS_FILE)))
+        return model
+
+
+def _readable(path):
+    if os.path.exists(path):
+        return True
+    if "://" not in path:
+        return False
+    import tensorflow as tf
+
+    return tf.io.gfile.exists(path)
+
+
+def _pickled(prepare):
+    try:
+        return pickle_user_code(prepare, prepare)
+    except Exception as exc:
+        raise ModelError(f"prepare cannot be pickled ({type(exc).__name__}: {exc}); define it at module level, "
+                         "without references to open files or sessions") from exc

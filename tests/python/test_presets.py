@@ -1,0 +1,112 @@
+"""A KerasHub preset loaded where it trains: the driver ships its path, never its weights; each training process
+loads it, enables the LoRA adapters, and only they come back."""
+
+import gc
+import os
+
+import keras
+import numpy as np
+import pytest
+from conftest import partitioned
+from test_sequence_labels import GLOBAL_BATCH, ROWS_PER_WORKER as ROWS, causal_lm, frame_of, in_global_batches, \
+    sequences
+
+import tfbarrier
+from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.models.presets import LoraAdapters
+
+FEATURES = {"token_ids": "ids", "padding_mask": "mask"}
+
+
+def compile_for_test(model):
+    """prepare=: what each training process does with the loaded task (a module-level function: it is pickled)."""
+    model.compile(optimizer=keras.optimizers.Adam(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def backbones_alive():
+    keras_hub = pytest.importorskip("keras_hub")
+    return sum(isinstance(o, keras_hub.models.Backbone) for o in gc.get_objects())
+
+
+@pytest.fixture(scope="module")
+def saved_preset(tmp_path_factory):
+    """A small Llama-architecture causal LM built from a config and saved as a preset directory (no download)."""
+    path = str(tmp_path_factory.mktemp("preset") / "tiny_llama")
+    causal_lm().save_to_preset(path)
+    return path
+
+
+def test_a_lora_fine_tune_of_a_preset_loaded_by_the_workers_equals_one_process(spark, saved_preset):
+    data = sequences(2 * ROWS, seed=7)
+    df = partitioned(spark, frame_of(data), lambda i: int(i >= ROWS), 2)
+    gc.collect()
+    before = backbones_alive()
+    result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
+                           features=FEATURES, label="labels", sample_weight="weights", epochs=2,
+                           batch_size=GLOBAL_BATCH, num_workers=2, shuffle=False, seed=11, verbose=0)
+    gc.collect()
+    assert backbones_alive() == before, "the driver built the preset's model"
+
+    import keras_hub
+
+    keras.utils.set_random_seed(11)  # as each training process, before it loads the preset
+    reference = keras_hub.models.CausalLM.from_preset(saved_preset)
+    reference.backbone.enable_lora(2)
+    compile_for_test(reference)
+    ordered = in_global_batches(data)
+    history = reference.fit({name: ordered[column] for name, column in FEATURES.items()}, ordered["labels"],
+                            sample_weight=ordered["weights"], batch_size=GLOBAL_BATCH, epochs=2, shuffle=False,
+                            verbose=0).history
+    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
+
+    adapters = result.model  # only the adapters came back: a few KB, not the backbone
+    assert isinstance(adapters, LoraAdapters) and adapters.rank == 2
+    trained = adapters.load()
+    initial = keras_hub.models.CausalLM.from_preset(saved_preset)
+    by_path = {w.path: w for w in trained.weights}
+    for weight in reference.backbone.trainable_weights:
+        assert "lora" in weight.path
+        np.testing.assert_allclose(by_path[weight.path].numpy(), weight.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=weight.path)
+    for weight in initial.weights:  # the frozen backbone is the preset's
+        np.testing.assert_array_equal(by_path[weight.path].numpy(), weight.numpy(), err_msg=weight.path)
+    moved = max(np.abs(w.numpy()).max() for w in reference.backbone.trainable_weights if "lora_kernel_b" in w.path)
+    assert moved > 1e-3  # lora_kernel_b starts at zeros: the adapters trained
+    sent = max(w["communication"]["bytes_sent"] for w in result.workers)
+    assert sent < sum(np.asarray(w.numpy(), "float32").nbytes for w in initial.weights)
+
+
+def test_a_preset_is_refused_on_the_driver_when_it_is_no_task_or_with_a_text_column(spark, saved_preset, tmp_path):
+    backbone_only = str(tmp_path / "backbone")
+    keras_hub = pytest.importorskip("keras_hub")
+    keras_hub.models.CausalLM.from_preset(saved_preset).backbone.save_to_preset(backbone_only)
+    df = spark.createDataFrame(frame_of(sequences(4, seed=1)))
+    with pytest.raises(ModelError, match="has no task.json"):
+        tfbarrier.fit(df, backbone_only, features=FEATURES, label="labels", num_workers=1)
+    text = spark.createDataFrame([("a b c",)], "text string")
+    with pytest.raises(InvalidArgumentError, match="does not take a text column yet"):
+        tfbarrier.fit(text, saved_preset, features="text", num_workers=1)
+    with pytest.raises(InvalidArgumentError, match="lora_rank must be a positive integer"):
+        tfbarrier.preset(saved_preset, lora_rank=0)
+
+
+def test_a_preset_no_executor_can_read_is_refused_with_its_path_and_host(spark):
+    missing = "/nonexistent/tfbarrier-preset"
+    assert not os.path.exists(missing)
+    df = spark.createDataFrame(frame_of(sequences(4, seed=1)))
+    with pytest.raises(ModelError, match=r"cannot be read on \S+: every executor must see it"):
+        tfbarrier.fit(df, tfbarrier.preset(missing, lora_rank=2), features=FEATURES, label="labels", num_workers=1,
+                      verbose=0, max_retries=0)
+
+
+def test_without_a_seed_every_worker_starts_from_the_chiefs_adapters(spark, saved_preset):
+    """Each training process draws its adapters at random when it enables them: without the chief's values sent to
+    every worker first, the replicas trained apart (ReplicasDivergedError, the checksums of the two workers)."""
+    data = sequences(2 * ROWS, seed=8)
+    df = partitioned(spark, frame_of(data), lambda i: int(i >= ROWS), 2)
+    result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
+                           features=FEATURES, label="labels", sample_weight="weights", epochs=1,
+                           batch_size=GLOBAL_BATCH, num_workers=2, verbose=0)
+    assert len({w["checksum"] for w in result.workers}) == 1
+    assert np.isfinite(result.history["loss"]).all()
