@@ -110,3 +110,22 @@ def test_without_a_seed_every_worker_starts_from_the_chiefs_adapters(spark, save
                            batch_size=GLOBAL_BATCH, num_workers=2, verbose=0)
     assert len({w["checksum"] for w in result.workers}) == 1
     assert np.isfinite(result.history["loss"]).all()
+
+
+def test_a_training_process_counts_what_a_presets_steps_keep_from_its_shards_widths(saved_preset):
+    """The driver has no preset model to trace: the training process, which loaded it, traces it from its shard's
+    widths before the check on its host (before, it counted nothing of a step's tensors for a preset's model)."""
+    from types import SimpleNamespace
+
+    import keras_hub
+
+    from tfbarrier.models import memory
+    from tfbarrier.models.presets import PresetModel
+
+    loaded = keras_hub.models.CausalLM.from_preset(saved_preset)
+    loaded.backbone.enable_lora(2)
+    job = SimpleNamespace(model=PresetModel(saved_preset, lora_rank=2), exchange=None)
+    size = memory.ModelSize.of_trained(loaded, job, {"token_ids": 64, "padding_mask": 64})
+    assert size.native and size.kept is not None and size.kept[0] > 0
+    untraced = memory.ModelSize.of(loaded, native=True)
+    assert size.worker_bytes(32) - untraced.worker_bytes(32) >= 32 * size.kept[0]

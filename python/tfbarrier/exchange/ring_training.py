@@ -53,7 +53,7 @@ def train(job, config, channel):
     ring = _join(job, config, index)
     try:
         flavor, exchanged = Keras3() if getattr(job.model, "native", False) else TfKeras(), set()
-        model, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged)
+        model, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged, shard.width)
         if job.layout.takes_text:  # its preprocessor makes the batches; fit must not run it again
             preprocessing = text.Preprocessing(text.take_off(model), labelled=job.layout.label is not None)
             shard = dataclasses.replace(shard, text=preprocessing)
@@ -259,7 +259,7 @@ def _the_rings_own_failure(ring):
         raise ring.failure from exc
 
 
-def _model(job, workdir, ring, config, flavor, exchanged):
+def _model(job, workdir, ring, config, flavor, exchanged, widths):
     """The user's model, compiled as they compiled it, its gradients and metrics crossing ``ring`` (the
     variables whose gradients cross, added to ``exchanged`` as the step is traced); the memory checked once
     it is set up. Returns (model, {tensorflow_mb, baseline_mb}, how the gradients travel)."""
@@ -276,6 +276,6 @@ def _model(job, workdir, ring, config, flavor, exchanged):
     sum_metrics(model, ring, flavor.metrics_reader)
     baseline_mb, _ = training.resident_mb()
     if job.memory_check:
-        memory.check_on_host(memory.ModelSize.of_trained(model, job), job.batch_size // ring.size,
+        memory.check_on_host(memory.ModelSize.of_trained(model, job, widths), job.batch_size // ring.size,
                              config["workers_on_host"], int((baseline_mb - tensorflow_mb) * 2**20))
     return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}, sent

@@ -99,10 +99,15 @@ class ModelSize:
                    exchange=exchange, kept=kept, native=native)
 
     @classmethod
-    def of_trained(cls, model, job):
-        """The size of ``model`` as ``job``'s training process built it, with what the driver traced of it."""
-        return cls.of(model, job.exchange, kept=getattr(job.model.size, "kept", None) if hasattr(job.model, "size")
-                      else None, native=getattr(job.model, "native", False))
+    def of_trained(cls, model, job, widths=None):
+        """The size of ``model`` as ``job``'s training process built it, with what the driver traced of it, or,
+        where the driver had no model to trace (a preset's), traced here from the shard's ``widths`` (values a
+        row, or {input name: values a row})."""
+        kept = getattr(getattr(job.model, "size", None), "kept", None)
+        size = cls.of(model, job.exchange, kept=kept, native=getattr(job.model, "native", False))
+        if kept is not None or widths is None:
+            return size
+        return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
 
     def with_widths(self, model, shapes):
         """This size with what a step keeps traced, for a model whose outputs hide their sizes, its inputs'
