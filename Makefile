@@ -121,7 +121,7 @@ STREAMING_BASELINE := 74a8fa1
 BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-no-onednn memory first-step \
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
-                encryption-native encryption-translated hosts-encryption text memory-estimate-lora
+                encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -173,6 +173,11 @@ bench-memory-estimate: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn cnn-wide mlp12 mlp61 mlp150 mlp300
 bench-memory-estimate-lora: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 2 --models lora --optimizers adam --section=-lora
+# A LoRA fine-tune of a preset the training processes load, against one plain process (issue 60).
+bench-preset-120m: venv
+	$(PY) bench/preset_bench.py --size 120m --rounds 2 --steps 6
+bench-preset-1b: venv
+	$(PY) bench/preset_bench.py --size 1b --rounds 1 --steps 4
 bench-cpu-pool: venv
 	$(PY) bench/cpu_pool_bench.py --rounds 3
 bench-speed-onednn: venv

@@ -1,0 +1,200 @@
+"""A LoRA fine-tune of a preset the training processes load (issue 60), against one plain process doing the same.
+
+A Llama-architecture causal LM built from a config (no download), saved as a preset directory, fine-tuned
+with rank-4 adapters from token id columns: ``tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=4))`` with 2
+workers on local[2], against one plain Python process that loads the same preset and fits the same number of
+steps of the same global batch on the same 2 cores. Each side runs in a process of its own:
+
+- plain: ``from_preset``, ``enable_lora``, ``fit``; its peak resident memory (``ru_maxrss``) and its samples per
+  second after the first step (the fit's time less its first step's);
+- tfbarrier: a driver of its own; each training process's peak (``FitResult.workers[i]["memory"]``), samples
+  per second as the chief's timings say (training less the first step), the bytes each worker sent through the
+  ring per step against the adapters' size, and the driver's growth during the fit (its resident memory sampled
+  every 0.1 s, against what it held before the call) against the preset's weights.
+
+    .venv/bin/python bench/preset_bench.py [--size 120m|1b] [--rounds 2] [--steps 6]
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import harness  # noqa: E402
+
+harness.local_spark_env()
+
+SEQUENCE, RANK = 64, 4
+SIZES = {  # LlamaBackbone settings; 1b is TinyLlama's shape (1.1 B parameters)
+    "120m": dict(vocabulary_size=8192, num_layers=8, num_query_heads=8, num_key_value_heads=8, hidden_dim=1024,
+                 intermediate_dim=2816),
+    "1b": dict(vocabulary_size=32000, num_layers=22, num_query_heads=32, num_key_value_heads=4, hidden_dim=2048,
+               intermediate_dim=5632),
+}
+BATCH = {"120m": 16, "1b": 4}  # the global batch: rows of SEQUENCE tokens
+
+
+def prepare(model):
+    """Each side's compile of the loaded task (tfbarrier's prepare=)."""
+    import keras
+
+    model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+
+def rows(size, steps):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    vocabulary = SIZES[size]["vocabulary_size"]
+    tokens = rng.integers(1, vocabulary, (BATCH[size] * steps, SEQUENCE + 1)).astype(np.int32)
+    return {"ids": tokens[:, :-1], "mask": np.ones((len(tokens), SEQUENCE), np.int32),
+            "labels": tokens[:, 1:].astype(np.int64)}
+
+
+def save(size, path):
+    """Build the model from its config and save it as a preset directory; prints its parameters and bytes."""
+    import keras_hub
+
+    backbone = keras_hub.models.LlamaBackbone(**SIZES[size])
+    model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+    model.save_to_preset(path)
+    weights = sum(int(w.numpy().nbytes) for w in model.weights)
+    print("RESULT " + json.dumps({"parameters": model.count_params(), "weights_bytes": weights}), flush=True)
+
+
+class FirstStep:
+    """A Keras callback factory: the time of the first step's end."""
+
+    def __new__(cls):
+        import keras
+
+        class Clock(keras.callbacks.Callback):
+            first = None
+
+            def on_train_batch_end(self, batch, logs=None):
+                if Clock.first is None:
+                    Clock.first = time.time()
+
+        return Clock()
+
+
+def plain(size, path, steps):
+    import keras_hub
+
+    data = rows(size, steps)
+    model = keras_hub.models.CausalLM.from_preset(path)
+    model.backbone.enable_lora(RANK)
+    prepare(model)
+    clock = FirstStep()
+    started = time.time()
+    model.fit({"token_ids": data["ids"], "padding_mask": data["mask"]}, data["labels"], batch_size=BATCH[size],
+              epochs=1, shuffle=False, verbose=0, callbacks=[clock])
+    ended = time.time()
+    adapters = sum(int(w.numpy().nbytes) for w in model.trainable_weights)
+    print("RESULT " + json.dumps({
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "throughput": (steps - 1) * BATCH[size] / (ended - type(clock).first),
+        "first_step": type(clock).first - started, "adapters_bytes": adapters}), flush=True)
+
+
+def resident_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def distributed(size, path, steps):
+    import pandas as pd
+
+    import tfbarrier
+
+    spark = harness.local_spark()
+    data = rows(size, steps)
+    df = spark.createDataFrame(pd.DataFrame({name: list(values) for name, values in data.items()}))
+    df = df.repartition(2).cache()
+    df.count()
+    before, peak, done = resident_mb(), [0.0], threading.Event()
+
+    def sample():
+        while not done.wait(0.1):
+            peak[0] = max(peak[0], resident_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=RANK, prepare=prepare),
+                           features={"token_ids": "ids", "padding_mask": "mask"}, label="labels",
+                           batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
+    done.set()
+    sampler.join()
+    chief = result.workers[0]
+    steady = chief["timings"]["training"] - chief["timings"]["first_step"]
+    print("RESULT " + json.dumps({
+        "peak_mb": max(w["memory"]["peak_mb"] for w in result.workers),
+        "throughput": (steps - 1) * BATCH[size] / steady,
+        "sent_per_step": max(w["communication"]["bytes_sent"] for w in result.workers) / steps,
+        "driver_growth_mb": max(0.0, peak[0] - before), "adapters_file_bytes": len(result.model.weights)}), flush=True)
+    spark.stop()
+
+
+def role(name, *args):
+    out = subprocess.run([sys.executable, __file__, "--role", name, *args], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def section(args, model, runs):
+    plain_runs, tfb = runs["plain"], runs["tfbarrier"]
+    _, plain_peak, _ = harness.stats([r["peak_mb"] for r in plain_runs])
+    _, tfb_peak, _ = harness.stats([r["peak_mb"] for r in tfb])
+    _, plain_rate, _ = harness.stats([r["throughput"] for r in plain_runs])
+    low, tfb_rate, high = harness.stats([r["throughput"] for r in tfb])
+    _, growth, _ = harness.stats([r["driver_growth_mb"] for r in tfb])
+    sent = tfb[0]["sent_per_step"]
+    adapters = plain_runs[0]["adapters_bytes"]
+    weights_mb = model["weights_bytes"] / 2**20
+    return "\n".join([
+        f"`.venv/bin/python bench/preset_bench.py --size {args.size} --rounds {args.rounds} --steps {args.steps}`: "
+        f"a Llama-architecture causal LM of {model['parameters'] / 1e6:,.1f} M parameters ({weights_mb:,.0f} MB) "
+        f"built from a config and saved as a preset, rank-{RANK} adapters ({adapters / 2**20:.2f} MB), "
+        f"{args.steps} steps of global batch {BATCH[args.size]} x {SEQUENCE} tokens; tfbarrier's 2 workers load the "
+        "preset on local[2], one plain process loads it on the same 2 cores. Medians of the rounds "
+        "(throughput: min-max). Targets: peak at most 1.1x, throughput at least 0.9x the plain process's; the "
+        "driver's growth at most 5% of the weights.", "",
+        "| | peak MB a process | samples/s after the first step | vs plain |",
+        "|---|---|---|---|",
+        f"| plain process | {plain_peak:,.0f} | {plain_rate:.2f} | 1.00 |",
+        f"| tfbarrier, 2 workers | {tfb_peak:,.0f} ({tfb_peak / plain_peak:.2f}x) | {tfb_rate:.2f} "
+        f"({low:.2f}-{high:.2f}) | {tfb_rate / plain_rate:.2f} |", "",
+        f"The driver grew by {growth:,.0f} MB during the fit ({growth / weights_mb:.1%} of the weights). Each worker "
+        f"sent {sent / 2**20:.2f} MB a step through the ring (the adapters' gradients, the logs; the checksums and "
+        f"the epoch's end included), against {adapters / 2**20:.2f} MB of adapters."])
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size", choices=sorted(SIZES), default="120m")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--role")
+    parser.add_argument("--path")
+    args = parser.parse_args()
+    if args.role:
+        return {"save": lambda: save(args.size, args.path), "plain": lambda: plain(args.size, args.path, args.steps),
+                "tfbarrier": lambda: distributed(args.size, args.path, args.steps)}[args.role]()
+    path = os.path.join(harness.scratch_dir("tfbarrier-bench-preset-"), "preset")
+    common = ["--size", args.size, "--path", path, "--steps", str(args.steps)]
+    model = role("save", *common)
+    runs = harness.rounds_of({"plain": lambda: (harness.settle(), role("plain", *common))[1],
+                              "tfbarrier": lambda: (harness.settle(), role("tfbarrier", *common))[1]},
+                             args.rounds, log=print)
+    harness.write_section(f"preset-{args.size}", section(args, model, runs))
+
+
+if __name__ == "__main__":
+    main()
