@@ -143,9 +143,10 @@ def distributed(size, path, steps):
 
 
 def role(name, *args):
-    out = subprocess.run([sys.executable, __file__, "--role", name, *args], check=True, capture_output=True,
-                         text=True).stdout
-    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+    out = subprocess.run([sys.executable, __file__, "--role", name, *args], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
 
 
 def section(args, model, runs):

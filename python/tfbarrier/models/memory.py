@@ -13,7 +13,8 @@ step holds anyway), and each layer's output on a batch, kept for the backward pa
 length, unknown until the data's widths are; its blocks' insides, which no layer output shows) is
 traced instead, once the widths are known: what a step's backward pass keeps of its forward pass,
 tensor by tensor (``kept_for_backward``), counted once, as measured. A model that trains natively
-(Keras 3) holds Keras 3 besides (KERAS3_BYTES) and its weights once more as its archive loaded them. The constants come from the peaks of real 2-worker fits
+(Keras 3) holds Keras 3 besides (KERAS3_BYTES), and one built from its ``.keras`` archive its weights once
+more as the archive loaded them (a preset's weights, loaded variable by variable, are not held twice). The constants come from the peaks of real 2-worker fits
 (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
 momentum and Adam; the strategy's at ec8e299, the ring's at 63fde93); bench/README.md has the estimate
 beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
@@ -89,14 +90,15 @@ class ModelSize:
     exchange: object = None  # how its gradients travel (an Exchange); None: tfbarrier's ring, the default
     kept: tuple = None  # traced (bytes a sample, bytes whatever the batch) a step keeps for its backward pass
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
+    archive: bool = False  # built from a ``.keras`` archive, which leaves its weights' size held besides them
 
     @classmethod
-    def of(cls, model, exchange=None, kept=None, native=False):
+    def of(cls, model, exchange=None, kept=None, native=False, archive=False):
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
-                   exchange=exchange, kept=kept, native=native)
+                   exchange=exchange, kept=kept, native=native, archive=archive)
 
     @classmethod
     def of_trained(cls, model, job, widths=None):
@@ -104,7 +106,8 @@ class ModelSize:
         where the driver had no model to trace (a preset's), traced here from the shard's ``widths`` (values a
         row, or {input name: values a row})."""
         kept = getattr(getattr(job.model, "size", None), "kept", None)
-        size = cls.of(model, job.exchange, kept=kept, native=getattr(job.model, "native", False))
+        size = cls.of(model, job.exchange, kept=kept, native=getattr(job.model, "native", False),
+                      archive=getattr(job.model, "archive", None) is not None)
         if kept is not None or widths is None:
             return size
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
@@ -126,7 +129,7 @@ class ModelSize:
                 else self.kept[0] * rows + self.kept[1])
         return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),
                 "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
-                "the weights as its archive loaded them": self.weights if self.native else 0,
+                "the weights as its archive loaded them": self.weights if self.archive else 0,
                 f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
                 "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
                 "a batch": self.inputs * rows}

@@ -178,7 +178,7 @@ class NativeModel:
         input_shape = input_shape_of(model)
         pickled = pickled_custom_objects(model)
         return cls(archive=files.add_bytes(ARCHIVE_FILE, save_archive(model)), objects=files.add_bytes(OBJECTS_FILE, pickled),
-                   input_shape=input_shape, size=memory.ModelSize.of(model, native=True), adapters=adapters,
+                   input_shape=input_shape, size=memory.ModelSize.of(model, native=True, archive=True), adapters=adapters,
                    frozen=frozenset(v.path for v in model.weights if not v.trainable))
 
     def build(self, workdir):
