@@ -18,15 +18,14 @@ steps of the same global batch on the same 2 cores. Each side runs in a process 
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
-import threading
 import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, BENCH)
 import harness  # noqa: E402
+from memory_probes import PeakSampler, process_mb, resident_mb  # noqa: E402
 
 harness.local_spark_env()
 
@@ -69,20 +68,17 @@ def save(size, path):
     print("RESULT " + json.dumps({"parameters": model.count_params(), "weights_bytes": weights}), flush=True)
 
 
-class FirstStep:
-    """A Keras callback factory: the time of the first step's end."""
+def first_step_clock():
+    """A Keras 3 callback whose ``first`` is the time its first step ended (workloads.step_clock is tf_keras's)."""
+    import keras
 
-    def __new__(cls):
-        import keras
+    class Clock(keras.callbacks.Callback):
+        first = None
 
-        class Clock(keras.callbacks.Callback):
-            first = None
+        def on_train_batch_end(self, batch, logs=None):
+            self.first = self.first or time.time()
 
-            def on_train_batch_end(self, batch, logs=None):
-                if Clock.first is None:
-                    Clock.first = time.time()
-
-        return Clock()
+    return Clock()
 
 
 def plain(size, path, steps):
@@ -92,21 +88,15 @@ def plain(size, path, steps):
     model = keras_hub.models.CausalLM.from_preset(path)
     model.backbone.enable_lora(RANK)
     prepare(model)
-    clock = FirstStep()
+    clock = first_step_clock()
     started = time.time()
     model.fit({"token_ids": data["ids"], "padding_mask": data["mask"]}, data["labels"], batch_size=BATCH[size],
               epochs=1, shuffle=False, verbose=0, callbacks=[clock])
     ended = time.time()
     adapters = sum(int(w.numpy().nbytes) for w in model.trainable_weights)
     print("RESULT " + json.dumps({
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "throughput": (steps - 1) * BATCH[size] / (ended - type(clock).first),
-        "first_step": type(clock).first - started, "adapters_bytes": adapters}), flush=True)
-
-
-def resident_mb():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+        "peak_mb": resident_mb()[1], "throughput": (steps - 1) * BATCH[size] / (ended - clock.first),
+        "first_step": clock.first - started, "adapters_bytes": adapters}), flush=True)
 
 
 def distributed(size, path, steps):
@@ -119,26 +109,18 @@ def distributed(size, path, steps):
     df = spark.createDataFrame(pd.DataFrame({name: list(values) for name, values in data.items()}))
     df = df.repartition(2).cache()
     df.count()
-    before, peak, done = resident_mb(), [0.0], threading.Event()
-
-    def sample():
-        while not done.wait(0.1):
-            peak[0] = max(peak[0], resident_mb())
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=RANK, prepare=prepare),
-                           features={"token_ids": "ids", "padding_mask": "mask"}, label="labels",
-                           batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
-    done.set()
-    sampler.join()
+    before = resident_mb()[0]
+    with PeakSampler(process_mb(os.getpid()), 0.1) as driver:
+        result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=RANK, prepare=prepare),
+                               features={"token_ids": "ids", "padding_mask": "mask"}, label="labels",
+                               batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
     chief = result.workers[0]
     steady = chief["timings"]["training"] - chief["timings"]["first_step"]
     print("RESULT " + json.dumps({
         "peak_mb": max(w["memory"]["peak_mb"] for w in result.workers),
         "throughput": (steps - 1) * BATCH[size] / steady,
         "sent_per_step": max(w["communication"]["bytes_sent"] for w in result.workers) / steps,
-        "driver_growth_mb": max(0.0, peak[0] - before), "adapters_file_bytes": len(result.model.weights)}), flush=True)
+        "driver_growth_mb": max(0.0, driver.peak_mb - before), "adapters_file_bytes": len(result.model.weights)}), flush=True)
     spark.stop()
 
 
