@@ -267,10 +267,9 @@ def _model(job, workdir, ring, config, flavor, exchanged, widths):
         flavor.seed(job.seed)
     tensorflow_mb, _ = training.resident_mb()
     model = flavor.build(job, workdir)
-    if getattr(job.model, "flavor", None) == "function":  # built by each worker: with no seed, each its own weights
-        ring.broadcast_variables(model.weights)  # (the strategy gave every variable worker 0's initial value)
-    elif hasattr(job.model, "drawn_by_each_worker"):  # a preset's adapters, drawn at random where it loaded
-        ring.broadcast_variables(job.model.drawn_by_each_worker(model))
+    drawn = job.model.drawn_by_each_worker(model)
+    if drawn:  # the chief's values to every worker (the strategy gives every variable worker 0's initial value)
+        ring.broadcast_variables(drawn)
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
     sent = job.exchange.describe(exchange_gradients(model.optimizer, ring, flavor, job.communication, exchanged))
     sum_metrics(model, ring, flavor.metrics_reader)

@@ -105,10 +105,11 @@ class ModelSize:
         """The size of ``model`` as ``job``'s training process built it, with what the driver traced of it, or,
         where the driver had no model to trace (a preset's), traced here from the shard's ``widths`` (values a
         row, or {input name: values a row})."""
-        kept = getattr(getattr(job.model, "size", None), "kept", None)
-        size = cls.of(model, job.exchange, kept=kept, native=getattr(job.model, "native", False),
-                      archive=getattr(job.model, "archive", None) is not None)
-        if kept is not None or widths is None:
+        traced = job.model.size  # the driver's, of the model it held (None: a model function's, a preset's)
+        if traced is not None:
+            return cls.of(model, job.exchange, kept=traced.kept, native=traced.native, archive=traced.archive)
+        size = cls.of(model, job.exchange, native=job.model.native)  # loaded or built here, not from an archive
+        if widths is None:
             return size
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
 
@@ -146,15 +147,20 @@ def _values(tensors):
     """Values per sample of symbolic ``tensors`` (Keras 3 or tf_keras), those of unknown shape left out."""
     total = 0
     for tensor in tensors:
-        shape = tuple(getattr(tensor, "shape", None) or ())[1:]
+        shape = _sample_shape(tensor)
         if shape and None not in shape:
             total += math.prod(int(d) for d in shape)
     return total
 
 
+def _sample_shape(tensor):
+    """A symbolic tensor's shape past its batch dimension (None: a size only the data tells)."""
+    return tuple(getattr(tensor, "shape", None) or ())[1:]
+
+
 def _hides_sizes(model):
     """Whether ``model``'s inputs have sizes only the data tells (a sequence's length)."""
-    return any(None in tuple(getattr(t, "shape", None) or ())[1:] for t in getattr(model, "inputs", None) or [])
+    return any(None in _sample_shape(t) for t in getattr(model, "inputs", None) or [])
 
 
 def kept_for_backward(model, shapes):
@@ -198,7 +204,7 @@ def input_shapes(model, widths):
     is left unknown."""
     shapes = {}
     for tensor in getattr(model, "inputs", None) or []:
-        shape = tuple(getattr(tensor, "shape", None) or ())[1:]
+        shape = _sample_shape(tensor)
         width = widths.get(_input_name(tensor), widths.get(None))
         known = math.prod(int(d) for d in shape if d is not None)
         if shape.count(None) > 1 or (None in shape and (not width or width % known)):

@@ -240,6 +240,7 @@ class ModelSpec:
     builder: object = None  # transfer.Payload of BUILDER_FILE
     input_shape: tuple = None  # per-sample input shape, when known on the driver
     size: object = None  # memory.ModelSize: what the model takes in a worker, when known on the driver
+    native = False  # trains in tf_keras
 
     # ---- driver side -------------------------------------------------------------------------
     @classmethod
@@ -344,6 +345,11 @@ class ModelSpec:
         return model
 
     # ---- worker side (inside strategy.scope(), TF_USE_LEGACY_KERAS=1) -----------------------
+    def drawn_by_each_worker(self, model):
+        """The variables each worker drew itself: a model function's every weight (with no seed, each
+        worker its own), none of a model whose weights the driver sent."""
+        return model.weights if self.flavor == "function" else ()
+
     def build(self, workdir, strategy=None):
         """A compiled tf_keras model with the driver's initial weights (or the function's model); the
         payloads are in ``workdir``. ``strategy``: the distribution strategy whose local copies of each

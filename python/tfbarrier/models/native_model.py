@@ -199,6 +199,11 @@ class NativeModel:
                 variable.trainable = False
         return model
 
+    @staticmethod
+    def drawn_by_each_worker(model):
+        """None: every weight (adapters included) comes from the driver's archive, the same everywhere."""
+        return ()
+
     def trained_model(self, original, path):
         """The trained model on the driver: the chief's archive at ``path``, loaded with ``original``'s
         custom objects; with adapters, ``original`` copied (adapters restored) and the chief's weights file at
