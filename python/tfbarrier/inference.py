@@ -20,6 +20,7 @@ from tfbarrier.data.stored_forms import stored_form
 from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
 from tfbarrier.models import native_model
 from tfbarrier.models.model_spec import keras_flavor, keras_module
+from tfbarrier.models.presets import LoraAdapters
 from tfbarrier.models.scoring_models import load, scoring_model
 from tfbarrier.results import FitResult
 from tfbarrier.spark import cluster
@@ -75,7 +76,7 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
 
     Parameters
     ----------
-    model : Keras model (Keras 3 or tf_keras) or FitResult
+    model : Keras model (Keras 3 or tf_keras), FitResult, or a preset fit's LoraAdapters (loaded here)
     data : numpy.ndarray, pandas.DataFrame or dict
         An array of one row per example (flat features, or the model's input shape), or a DataFrame whose
         ``features`` columns are read as ``predict``'s tasks read a Spark DataFrame's (features.py): numeric
@@ -89,6 +90,8 @@ def predict_local(model, data, features=None, output="class", batch_size=1024, l
     """
     if isinstance(model, FitResult):
         model = model.model
+    if isinstance(model, LoraAdapters):  # a preset's fit: its task with the trained adapters, loaded here
+        model = model.load()
     if output not in OUTPUTS:
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
     if output == "text":
@@ -298,7 +301,8 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     Parameters
     ----------
     data : pyspark.sql.DataFrame
-    model : Keras model (Keras 3 or tf_keras) or FitResult
+    model : Keras model (Keras 3 or tf_keras), FitResult, or a preset fit's LoraAdapters
+        A preset's adapters travel alone: each executor loads the preset from its path and the adapters on it.
     features : str, list of str or dict
         As in ``fit``: one array column, numeric columns, one binary column of encoded images, or
         {input name: column} for a Keras 3 model of several inputs.
@@ -322,12 +326,11 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         e.g. ``keras_hub.samplers.TopKSampler(k=5, seed=1)``, to repeat it); whether the column holds the
         continuation alone.
     """
-    if isinstance(model, FitResult):
-        model = model.model
     data = checks.spark_dataframe(data)
     batch_size = checks.positive_int("batch_size", batch_size)
     if output not in OUTPUTS:
         raise InvalidArgumentError(f"output must be one of {OUTPUTS}, got {output!r}")
+    model, adapters = _driver_model(model, output)
     flavor = keras_flavor(model)
     if flavor is None:
         raise ModelError(f"model must be a Keras model or a FitResult, got {type(model).__name__}")
@@ -335,7 +338,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
         model = feature_extractor(model, layer)
     layout = features_layout(data.schema, features, scoring=True)
     if output == "text":
-        return _generated(data, model, layout, output_col, batch_size,
+        return _generated(data, (model, adapters), layout, output_col, batch_size,
                           generation.settings(model, layout, max_length, sampler, strip_prompt))
     if layout.takes_text:
         text.check_model(model, layout.features[0], flavor == "keras3")
@@ -345,7 +348,7 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F
 
-    score = _scorer(scoring_model(data.sparkSession, model), layout, input_shape, output, heads, batch_size)
+    score = _scorer(scoring_model(data.sparkSession, model, adapters), layout, input_shape, output, heads, batch_size)
     kind = "long" if output == "class" else "array<float>"
     udf = scoring_udf(score, kind if len(heads) == 1 else ", ".join(f"`{c}`: {kind}" for c in heads).join(("struct<", ">")))
     features_struct = F.struct(*layout.feature_projection(data.sparkSession))
@@ -357,11 +360,25 @@ def predict(data, model, *, features, output_col="prediction", batch_size=1024, 
     return scored.withColumns({column: F.col(struct)[column] for column in heads}).drop(struct)
 
 
-def _generated(data, model, layout, output_col, batch_size, settings):
-    """``data`` with ``output_col``, the text ``model`` generates from the prompt column (generation.py)."""
+def _driver_model(model, output):
+    """(the Keras model predict checks on the driver, the LoraAdapters the executors load with their preset, or
+    None) for predict's ``model``: a FitResult's model; a preset's adapters on their task's structure, the
+    preset's weights left unread here (but read for ``output="features"``, whose model is cut from it here)."""
+    if isinstance(model, FitResult):
+        model = model.model
+    if not isinstance(model, LoraAdapters):
+        return model, None
+    if output == "features":
+        return model.load(), None
+    return model.load(weights=False), model
+
+
+def _generated(data, models, layout, output_col, batch_size, settings):
+    """``data`` with ``output_col``, the text the model generates from the prompt column (generation.py);
+    ``models``: (the model, its LoraAdapters or None), as scoring_model takes them."""
     _check_new_column(output_col, data.columns)
     cluster.check_executor_python(data.sparkSession)
     from pyspark.sql import functions as F
 
-    score = generation.generator(scoring_model(data.sparkSession, model), layout, settings, batch_size)
+    score = generation.generator(scoring_model(data.sparkSession, *models), layout, settings, batch_size)
     return data.withColumn(output_col, scoring_udf(score, "string")(F.struct(*layout.feature_projection(data.sparkSession))))

@@ -100,16 +100,42 @@ def test_a_preset_no_executor_can_read_is_refused_with_its_path_and_host(spark):
                       verbose=0, max_retries=0)
 
 
-def test_without_a_seed_every_worker_starts_from_the_chiefs_adapters(spark, saved_preset):
-    """Each training process draws its adapters at random when it enables them: without the chief's values sent to
-    every worker first, the replicas trained apart (ReplicasDivergedError, the checksums of the two workers)."""
+@pytest.fixture(scope="module")
+def unseeded(spark, saved_preset):
+    """A LoRA fit of the preset with no seed, and its rows as a DataFrame."""
     data = sequences(2 * ROWS, seed=8)
     df = partitioned(spark, frame_of(data), lambda i: int(i >= ROWS), 2)
     result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
                            features=FEATURES, label="labels", sample_weight="weights", epochs=1,
                            batch_size=GLOBAL_BATCH, num_workers=2, verbose=0)
+    return result, df
+
+
+def test_without_a_seed_every_worker_starts_from_the_chiefs_adapters(unseeded):
+    """Each training process draws its adapters at random when it enables them: without the chief's values sent to
+    every worker first, the replicas trained apart (ReplicasDivergedError, the checksums of the two workers)."""
+    result, _ = unseeded
     assert len({w["checksum"] for w in result.workers}) == 1
     assert np.isfinite(result.history["loss"]).all()
+
+
+def test_the_adapters_score_on_the_executors_which_load_the_preset_themselves(spark, unseeded):
+    """predict takes the fit (or its LoraAdapters) as it is: only the adapters travel to the executors, which load
+    the preset and put them on it; the scores are the trained task's. (Before, predict refused LoraAdapters:
+    "model must be a Keras model or a FitResult".)"""
+    from tfbarrier.models.scoring_models import scoring_model
+
+    result, df = unseeded
+    adapters = result.model
+    shipped = scoring_model(spark, adapters.load(weights=False), adapters)
+    assert shipped["payload"].size == len(adapters.weights)  # the adapters' file, not the backbone's weights
+    scored = tfbarrier.predict(df, result, features=FEATURES, output="raw").toPandas()
+    rows = {name: np.stack(scored[column]) for name, column in FEATURES.items()}  # the rows as they came back
+    expected = np.asarray(adapters.load().predict(rows, verbose=0))
+    got = np.stack(scored["prediction"])
+    np.testing.assert_allclose(got, expected.reshape(len(expected), -1), rtol=1e-4, atol=1e-5)
+    local = tfbarrier.predict_local(adapters, scored[list(FEATURES.values())], features=FEATURES, output="raw")
+    np.testing.assert_allclose(np.asarray(local).reshape(len(got), -1), got, rtol=1e-4, atol=1e-5)
 
 
 def test_a_training_process_counts_what_a_presets_steps_keep_from_its_shards_widths(saved_preset):

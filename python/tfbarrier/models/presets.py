@@ -93,10 +93,7 @@ class PresetModel:
     # ---- in the training process ----
     def build(self, workdir):
         """The task loaded from the preset, its adapters enabled, ``prepare`` called; compiled."""
-        import keras
-        import keras_hub  # noqa: F401 - registers the tasks' classes
-
-        loaded = self._task_class(keras).from_preset(self.path)
+        loaded = task_of(self.path, self.task).from_preset(self.path)
         if self.lora_rank:
             loaded.backbone.enable_lora(self.lora_rank)
         if self.prepare is not None:
@@ -105,17 +102,6 @@ class PresetModel:
         if getattr(loaded, "optimizer", None) is None:
             raise ModelError("the preset's task is not compiled: compile it in prepare=")
         return loaded
-
-    def _task_class(self, keras):
-        if not _readable(os.path.join(self.path, TASK_FILE)):
-            raise ModelError(f"the preset {self.path!r} cannot be read on {socket.gethostname()}: every executor "
-                             "must see it (a path on each host, or a file system TensorFlow reads: HDFS, S3)")
-        task = self.task
-        if task is None:
-            import tensorflow as tf
-
-            task = json.loads(tf.io.gfile.GFile(os.path.join(self.path, TASK_FILE)).read())["registered_name"]
-        return keras.saving.get_registered_object(task)
 
     @staticmethod
     def drawn_by_each_worker(model):
@@ -159,17 +145,39 @@ class LoraAdapters:
             f.write(self.weights)
         return path
 
-    def load(self):
-        """The preset's task with these adapters: the whole model, loaded here (where the preset must be readable)."""
-        import keras
-        import keras_hub  # noqa: F401
-
-        task = self.task or task_class(self.preset)
-        model = keras.saving.get_registered_object(task).from_preset(self.preset)
-        model.backbone.enable_lora(self.rank)
+    def load(self, weights=True):
+        """The preset's task with these adapters: the whole model, loaded here (where the preset must be readable).
+        ``weights=False``: its structure alone (the preset's weights left unread), for predict's checks on the
+        driver, whose executors load the preset themselves."""
         with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
-            model.backbone.load_lora_weights(self.save(os.path.join(tmp, ADAPTERS_FILE)))
-        return model
+            return task_with_adapters(self.preset, self.task, self.rank,
+                                      self.save(os.path.join(tmp, ADAPTERS_FILE)) if weights else None)
+
+
+def task_with_adapters(preset, task, rank, adapters_file=None):
+    """The task of ``preset`` (its registered class name ``task``, None: read from the preset) with LoRA adapters
+    of ``rank`` enabled and read from ``adapters_file``; None: with no file, nor the preset's weights read."""
+    model = task_of(preset, task).from_preset(preset, load_weights=adapters_file is not None)
+    model.backbone.enable_lora(rank)
+    if adapters_file is not None:
+        model.backbone.load_lora_weights(adapters_file)
+    return model
+
+
+def task_of(path, task=None):
+    """The task class of the preset at ``path`` (its registered name ``task``; None: read from its ``task.json``),
+    refused in words where this host cannot read the preset."""
+    import keras
+    import keras_hub  # noqa: F401 - registers the tasks' classes
+
+    if not _readable(os.path.join(path, TASK_FILE)):
+        raise ModelError(f"the preset {path!r} cannot be read on {socket.gethostname()}: every executor "
+                         "must see it (a path on each host, or a file system TensorFlow reads: HDFS, S3)")
+    if task is None:
+        import tensorflow as tf
+
+        task = json.loads(tf.io.gfile.GFile(os.path.join(path, TASK_FILE)).read())["registered_name"]
+    return keras.saving.get_registered_object(task)
 
 
 def _readable(path):

@@ -1,7 +1,8 @@
 """How a model reaches predict's executors, and is loaded there once per Python worker.
 
 The model travels as its config and a weights file (model_spec.py), or a Keras 3 model with state in assets (a
-preprocessor's tokenizer vocabulary, data/text.py; an adapted lookup layer's) as its ``.keras`` archive, named by a
+preprocessor's tokenizer vocabulary, data/text.py; an adapted lookup layer's) as its ``.keras`` archive, or a
+preset's LoRA fit as its adapters alone (each executor loads the preset itself, presets.py), named by a
 digest of its content; the driver serves it for as
 long as it runs (transfer.session_server): each executor host fetches the file once into its
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
@@ -25,7 +26,7 @@ import cloudpickle
 from tfbarrier import atomic
 from tfbarrier.errors import ClusterError
 from tfbarrier.exchange import tls as job_tls
-from tfbarrier.models import native_model
+from tfbarrier.models import native_model, presets
 from tfbarrier.models.model_spec import (archive_digest, keras_flavor, keras_module, read_weights, save_archive,
                                          tf_variable, write_weights)
 from tfbarrier.settings import MODEL_LOAD_LOG_ENV
@@ -37,12 +38,16 @@ MODELS_KEPT = 4  # weights files kept per executor host
 _models = collections.OrderedDict()  # model id -> loaded model, in this Python worker
 
 
-def scoring_model(spark, model):
+def scoring_model(spark, model, adapters=None):
     """What executors rebuild ``model`` from: its flavor, JSON config and weights, the weights served by
     the driver (a transfer.Payload and the server's endpoint) or, where it cannot serve them, in a
-    broadcast; and an id naming that model."""
+    broadcast; and an id naming that model. With ``adapters`` (presets.LoraAdapters, ``model`` their task), only
+    the adapters travel: each executor loads the preset itself."""
     flavor = keras_flavor(model)
-    if flavor == "keras3" and _keeps_assets(model):
+    if adapters is not None:
+        config, name = adapters.preset, f"{hashlib.sha256(adapters.weights).hexdigest()[:32]}-scoring.lora.h5"
+        write = adapters.save
+    elif flavor == "keras3" and _keeps_assets(model):
         archive, config = save_archive(model), ""  # ModelError in words when it cannot be saved
         name = f"{archive_digest(archive)[:32]}-scoring.keras"  # not the bytes': they hold the second it was saved
 
@@ -70,8 +75,9 @@ def scoring_model(spark, model):
         source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": transfer.Payload(name, payload.size)}
     model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
     # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
-    objects = native_model.pickled_custom_objects(model) if flavor == "keras3" else None
-    return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, **source}
+    objects = native_model.pickled_custom_objects(model) if flavor == "keras3" and adapters is None else None
+    preset = adapters and {"path": adapters.preset, "task": adapters.task, "rank": adapters.rank}
+    return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, "preset": preset, **source}
 
 
 def _keeps_assets(model):
@@ -145,7 +151,10 @@ def load(scoring):
                 pass  # TensorFlow already initialised by earlier code in this worker
         keras = keras_module(scoring["flavor"])
         objects = cloudpickle.loads(scoring["objects"]) if scoring.get("objects") else {}
-        if scoring["payload"].name.endswith(".keras"):
+        if scoring.get("preset"):
+            preset = scoring["preset"]
+            model = presets.task_with_adapters(preset["path"], preset["task"], preset["rank"], weights_file(scoring))
+        elif scoring["payload"].name.endswith(".keras"):
             model = native_model.load_archive(weights_file(scoring), objects)
         else:
             with keras.saving.custom_object_scope(objects) if objects else contextlib.nullcontext():
