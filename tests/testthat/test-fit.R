@@ -369,4 +369,8 @@ test_that("spark_tf_fit fine-tunes a KerasHub preset's LoRA adapters, the preset
   expect_gt(moved, 0)  # lora_kernel_b starts at zeros
   saved <- fit$model$save(tempfile(fileext = ".lora.h5"))
   expect_lt(file.size(saved), 1e5)  # the adapters alone, not the backbone
+  # Scored on the executors (each loads the preset, and the adapters on it) as predict() scores here
+  rows <- data[1:4, ]
+  scored <- tf_collect(spark_tf_predict(tf_spark_dataframe(test_spark(), rows), fit, output = "raw"))
+  expect_equal(unname(scored$prediction), unname(predict(fit, rows, type = "raw")), tolerance = 1e-4)
 })
