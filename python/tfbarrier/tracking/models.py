@@ -1,5 +1,6 @@
 """The trained model in its run: an MLflow model in the flavor of its own Keras, with its signature and
-pip requirements, or its ``.keras`` archive where MLflow has no flavor for it.
+pip requirements, or its ``.keras`` archive where MLflow has no flavor for it, or a preset fit's LoRA adapters
+as their file, with the preset they go on in the run's tags.
 """
 
 import importlib.metadata
@@ -19,7 +20,11 @@ def log_model(client, run_id, model):
     from mlflow.models import Model
 
     from tfbarrier.models.model_spec import keras_flavor
+    from tfbarrier.models.presets import LoraAdapters
 
+    if isinstance(model, LoraAdapters):
+        _log_adapters(client, run_id, model)
+        return
     flavor = keras_flavor(model)
     if flavor == "tf_keras" and not _tf_keras_is_tf_keras(model):
         with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
@@ -38,6 +43,20 @@ def log_model(client, run_id, model):
                                         source_run_id=run_id)
     Model.log(artifact_path=None, flavor=module, name=MODEL_NAME, run_id=run_id, model_id=logged.model_id,
               model=model, signature=_signature(model), pip_requirements=requirements)
+
+
+def _log_adapters(client, run_id, adapters):
+    """A preset's LoRA fit: the adapters' file (``model/adapters.lora.h5``, what ``load_lora_weights`` reads) and
+    tags naming the preset, its task and the rank they go on. MLflow has no flavor for adapters alone, and
+    logging the task with them would load the whole preset here."""
+    from tfbarrier.models.presets import ADAPTERS_FILE
+
+    with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
+        client.log_artifact(run_id, adapters.save(os.path.join(tmp, ADAPTERS_FILE)), MODEL_NAME)
+    for name, value in (("tfbarrier.model", f"{MODEL_NAME}/{ADAPTERS_FILE}: task.backbone.load_lora_weights"),
+                        ("tfbarrier.preset", adapters.preset), ("tfbarrier.preset_task", adapters.task),
+                        ("tfbarrier.lora_rank", adapters.rank)):
+        client.set_tag(run_id, name, str(value))
 
 
 def installed_version(*distributions):
