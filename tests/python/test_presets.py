@@ -10,6 +10,7 @@ import pytest
 from conftest import partitioned
 from test_sequence_labels import GLOBAL_BATCH, ROWS_PER_WORKER as ROWS, causal_lm, frame_of, in_global_batches, \
     sequences
+from test_tracking import tracking_to
 
 import tfbarrier
 from tfbarrier.errors import InvalidArgumentError, ModelError
@@ -101,20 +102,23 @@ def test_a_preset_no_executor_can_read_is_refused_with_its_path_and_host(spark):
 
 
 @pytest.fixture(scope="module")
-def unseeded(spark, saved_preset):
-    """A LoRA fit of the preset with no seed, and its rows as a DataFrame."""
+def unseeded(spark, saved_preset, tmp_path_factory):
+    """A LoRA fit of the preset with no seed, logged to the experiment "presets" of a local MLflow store; (the
+    result, its rows as a DataFrame, the store's directory)."""
     data = sequences(2 * ROWS, seed=8)
     df = partitioned(spark, frame_of(data), lambda i: int(i >= ROWS), 2)
-    result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
-                           features=FEATURES, label="labels", sample_weight="weights", epochs=1,
-                           batch_size=GLOBAL_BATCH, num_workers=2, verbose=0)
-    return result, df
+    store = tmp_path_factory.mktemp("mlflow")
+    with tracking_to(store):
+        result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
+                               features=FEATURES, label="labels", sample_weight="weights", epochs=1,
+                               batch_size=GLOBAL_BATCH, num_workers=2, verbose=0, mlflow="presets")
+    return result, df, store
 
 
 def test_without_a_seed_every_worker_starts_from_the_chiefs_adapters(unseeded):
     """Each training process draws its adapters at random when it enables them: without the chief's values sent to
     every worker first, the replicas trained apart (ReplicasDivergedError, the checksums of the two workers)."""
-    result, _ = unseeded
+    result, _, _ = unseeded
     assert len({w["checksum"] for w in result.workers}) == 1
     assert np.isfinite(result.history["loss"]).all()
 
@@ -125,7 +129,7 @@ def test_the_adapters_score_on_the_executors_which_load_the_preset_themselves(sp
     "model must be a Keras model or a FitResult".)"""
     from tfbarrier.models.scoring_models import scoring_model
 
-    result, df = unseeded
+    result, df, _ = unseeded
     adapters = result.model
     shipped = scoring_model(spark, adapters.load(weights=False), adapters)
     assert shipped["payload"].size == len(adapters.weights)  # the adapters' file, not the backbone's weights
@@ -136,6 +140,42 @@ def test_the_adapters_score_on_the_executors_which_load_the_preset_themselves(sp
     np.testing.assert_allclose(got, expected.reshape(len(expected), -1), rtol=1e-4, atol=1e-5)
     local = tfbarrier.predict_local(adapters, scored[list(FEATURES.values())], features=FEATURES, output="raw")
     np.testing.assert_allclose(np.asarray(local).reshape(len(got), -1), got, rtol=1e-4, atol=1e-5)
+
+
+def test_a_preset_whose_weights_no_worker_can_hold_is_refused_on_the_driver_before_any_job(spark, saved_preset,
+                                                                                           tmp_path):
+    """The driver counts a preset's weights files (here made 1 TB, sparse: no disk taken, never loaded) against what
+    a worker can have, before any Spark job. (Before, it counted nothing of a preset: each training process loaded
+    the preset, to be refused on its host or killed for memory, retried on every attempt.)"""
+    import shutil
+
+    from test_memory import last_job_id
+
+    large = str(tmp_path / "large_llama")
+    shutil.copytree(saved_preset, large)
+    os.truncate(os.path.join(large, "model.weights.h5"), 2**40)
+    df = spark.createDataFrame(frame_of(sequences(4, seed=1)))
+    before = last_job_id(spark)
+    refused = r"needs about 10\d\d\.\d\d GB .*weights, gradients and their all-reduce 1024\.\d\d GB"
+    with pytest.raises(ModelError, match=refused):
+        tfbarrier.fit(df, tfbarrier.preset(large, lora_rank=2), features=FEATURES, label="labels", num_workers=1,
+                      verbose=0)
+    assert last_job_id(spark) == before + 1, "Spark ran a job before the refusal"
+
+
+def test_the_fits_mlflow_run_keeps_the_adapters_and_names_their_preset(unseeded, saved_preset, tmp_path):
+    """The run's model is the adapters' file, tagged with the preset they go on. (Before, logging the model failed
+    with a TrackingWarning, "the trained model" not taken: MLflow has no flavor for LoraAdapters.)"""
+    result, _, store = unseeded
+    with tracking_to(store) as client:
+        run = client.get_run(result.mlflow_run_id)
+        logged = client.download_artifacts(run.info.run_id, "model/adapters.lora.h5", str(tmp_path))
+    assert run.info.status == "FINISHED"
+    with open(logged, "rb") as f:
+        assert f.read() == result.model.weights
+    tags = run.data.tags
+    assert tags["tfbarrier.preset"] == saved_preset and tags["tfbarrier.lora_rank"] == "2"
+    assert tags["tfbarrier.preset_task"] == result.model.task
 
 
 def test_a_training_process_counts_what_a_presets_steps_keep_from_its_shards_widths(saved_preset):

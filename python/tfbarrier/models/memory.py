@@ -105,11 +105,10 @@ class ModelSize:
         """The size of ``model`` as ``job``'s training process built it, with what the driver traced of it, or,
         where the driver had no model to trace (a preset's), traced here from the shard's ``widths`` (values a
         row, or {input name: values a row})."""
-        traced = job.model.size  # the driver's, of the model it held (None: a model function's, a preset's)
-        if traced is not None:
-            return cls.of(model, job.exchange, kept=traced.kept, native=traced.native, archive=traced.archive)
-        size = cls.of(model, job.exchange, native=job.model.native)  # loaded or built here, not from an archive
-        if widths is None:
+        told = job.model.size  # what the driver told of the model (None: a model function's)
+        kept = told and told.kept
+        size = cls.of(model, job.exchange, kept=kept, native=job.model.native, archive=bool(told and told.archive))
+        if kept is not None or widths is None:
             return size
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
 

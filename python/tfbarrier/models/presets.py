@@ -79,8 +79,10 @@ class PresetModel:
     task: str = None  # the task class's registered name ("keras_hub>LlamaCausalLM"); None: read by the process
     lora_rank: int = None
     prepare: object = None  # transfer.Payload of PREPARE_FILE
+    # memory.ModelSize from the preset's weights files, where the driver sees them: a floor (what a step keeps, and
+    # prepare's optimizer's slots, only the training process that loaded the task counts)
+    size: object = None
     input_shape = None  # known once loaded
-    size = None  # the driver holds no weights to count: each training process checks on its host
     adapters = ()
     flavor = "keras3"
     native = True
@@ -88,7 +90,7 @@ class PresetModel:
     @classmethod
     def from_preset(cls, chosen, files):
         pickled = chosen.prepare and files.add_bytes(PREPARE_FILE, _pickled(chosen.prepare))
-        return cls(chosen.path, task_class(chosen.path), chosen.lora_rank, pickled)
+        return cls(chosen.path, task_class(chosen.path), chosen.lora_rank, pickled, size=_size_of_files(chosen))
 
     # ---- in the training process ----
     def build(self, workdir):
@@ -178,6 +180,19 @@ def task_of(path, task=None):
 
         task = json.loads(tf.io.gfile.GFile(os.path.join(path, TASK_FILE)).read())["registered_name"]
     return keras.saving.get_registered_object(task)
+
+
+def _size_of_files(chosen):
+    """The memory.ModelSize the driver can tell of ``chosen`` without loading it: its weights as large as its
+    weights files (``*.weights.h5``: as the task loads them, in their own dtype), all of them trainable without
+    adapters; None where the driver cannot list the preset (a path only the executors have)."""
+    from tfbarrier.models import memory
+
+    if not os.path.isdir(chosen.path):
+        return None
+    weights = sum(entry.stat().st_size for entry in os.scandir(chosen.path) if entry.name.endswith(".weights.h5"))
+    return memory.ModelSize(weights=weights, trainable=0 if chosen.lora_rank else weights, slots=0,
+                            optimizer="prepare's optimizer", native=True)
 
 
 def _readable(path):
