@@ -18,7 +18,7 @@ import psutil
 from tfbarrier.spark import workdirs
 
 RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "tmp-before-test.txt")
-PROCESSES = ("tfbarrier.spark.training_process", "tfbarrier.spark.spares")
+PROCESSES = ("tfbarrier.spark.training_process", "tfbarrier.spark.keeper")
 
 
 def tfbarrier_processes():
@@ -38,7 +38,7 @@ def main(what):
         return 0
     with open(RECORD) as f:
         before = set(f.read().split())
-    deadline = time.monotonic() + 60  # spares' keepers end with their executors, a moment after Spark
+    deadline = time.monotonic() + 60  # warm start's keepers end with their executors, a moment after Spark
     while tfbarrier_processes() and time.monotonic() < deadline:
         time.sleep(1)
     running = tfbarrier_processes()

@@ -98,15 +98,35 @@ def _is_spare(pid):
         return False
 
 
-def training_processes(spares=False, tag=None, module="tfbarrier.spark.training_process"):
+TRAINING_NAMES = ("tfb-starting", "tfb-spare", "tfb-worker")  # training_process.py names itself so
+
+
+def process_kind(pid):
+    """"training" (a training process, started or forked by a keeper), "keeper", "relay" (keeper.py) or None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return None
+    if b"tfbarrier.spark.training_process" in command or (b"tfbarrier.spark.keeper" in command
+                                                          and name in TRAINING_NAMES):
+        return "training"
+    if b"tfbarrier.spark.keeper" in command:
+        return "relay" if name == "tfb-relay" else "keeper"
+    return None
+
+
+def training_processes(spares=False, tag=None, kind="training"):
     """PIDs of this test session's (or the session ``tag``'s) live training processes; idle spares
-    (spares.py) only if asked. ``module="tfbarrier.spark.spares"``: the spares' keepers."""
+    (not adopted yet) only if asked. ``kind="keeper"``: the keepers of warm start (keeper.py)."""
     import psutil
 
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter():
         try:
-            if (module in " ".join(proc.info["cmdline"] or [])
+            if (process_kind(proc.pid) == kind
                     and proc.status() != psutil.STATUS_ZOMBIE
                     and (spares or not _is_spare(proc.pid))
                     and proc.environ().get("TFBARRIER_TEST_SESSION") == (tag or SESSION_TAG)):

@@ -50,8 +50,8 @@ def test_use_gpu_on_a_cluster_without_gpu_resources_is_refused_with_the_settings
 def test_local_mode_splits_the_drivers_gpus_among_the_tasks_spares_included():
     conf = {"spark.driver.resource.gpu.amount": "2", "spark.driver.resource.gpu.discoveryScript": FAKE_GPUS}
     outcome = fit_elsewhere("local[2]", conf, fits=3, num_workers=2, batch_size=64, use_gpu=True)
-    # The later fits' processes are spares, which imported TensorFlow before their task came: each must
-    # still have read its own task's GPU before that import.
+    # The later fits' processes are forked by keepers, which imported TensorFlow before their task came: each
+    # must still have read its own task's GPU before that import (a keeper per task's GPUs).
     assert [[w["gpus"] for w in fit] for fit in outcome["fits"]] == [["0", "1"]] * 3
     assert [[w["warm_start"] for w in fit] for fit in outcome["fits"]] == [[False, False]] + [[True, True]] * 2
 

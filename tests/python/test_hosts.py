@@ -117,7 +117,7 @@ def test_validation_save_to_and_checkpoint_dir_work_on_a_directory_every_host_se
 
 def test_a_second_fit_starts_warm_on_both_hosts(two_hosts):
     second = succeeded(two_hosts, "second_fit")
-    assert second["spares_before"]
+    assert second["keepers_before"]
     assert [w["warm_start"] for w in second["workers"]] == [True, True]
     assert sorted(w["host"] for w in second["workers"]) == sorted(two_hosts["addresses"]["hosts"])
     assert second["workers"][0]["checksum"] == second["workers"][1]["checksum"]

@@ -15,7 +15,7 @@ def test_import_does_not_import_tensorflow_or_keras():
 
 
 def test_a_training_process_starts_on_light_modules_and_the_calls_load_on_first_use():
-    code = ("import sys, tfbarrier.spark.training_process, tfbarrier.spark.spares\n"
+    code = ("import sys, tfbarrier.spark.training_process, tfbarrier.spark.spares, tfbarrier.spark.keeper\n"
             "heavy = sorted(m for m in ('numpy', 'pyarrow', 'pandas', 'pyspark', 'tfbarrier.api') if m in sys.modules)\n"
             "import tfbarrier, tfbarrier.api\n"
             "from tfbarrier import predict\n"

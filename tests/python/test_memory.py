@@ -104,7 +104,7 @@ class NewProcesses(threading.Thread):
 
     @staticmethod
     def now():
-        return set(training_processes(spares=True)) | set(training_processes(spares=True, module="tfbarrier.spark.spares"))
+        return set(training_processes(spares=True)) | set(training_processes(kind="keeper"))
 
     def run(self):
         while not self.done.wait(0.1):

@@ -1,6 +1,6 @@
-"""Warm start (spares.py): a task leaves a spare training process that has imported TensorFlow, the
-next task on that executor trains in it, even after Spark retired the Python worker that left it, no
-spare outlives its idle timeout or Spark, and no process of another local user takes one."""
+"""Warm start (spares.py, keeper.py): a task leaves a keeper that has imported TensorFlow, the next tasks
+on that executor train in processes it forks, even after Spark retired the Python worker that left it,
+no keeper outlives its idle timeout or Spark, and no process of another local user takes a process."""
 
 import os
 import pickle
@@ -15,64 +15,77 @@ from conftest import run_driver, training_processes
 from tfbarrier.spark.launcher import importable_home
 
 
-def test_spares_outlive_python_workers_serve_the_next_fit_and_die_with_spark():
+def test_keepers_outlive_python_workers_fork_the_next_fits_processes_and_die_with_spark():
     report = run_driver("spares_fit.py")
     first, second, timed_out, off, last = report["fits"]
-    # Another local user (nobody) found the keepers' sockets, got no spare, and planted no job (issue 58).
+    # Another local user (nobody) found the keeper's socket, got no process, and planted no job (issue 58).
     intruder = report["intruder"]
-    assert intruder.get("uid") == 65534 and intruder["sockets"] >= 2, intruder
+    assert intruder.get("uid") == 65534 and intruder["sockets"] >= 1, intruder
     assert intruder["taken"] == 0 and not intruder["marker"], intruder
-    assert intruder["spares_after"] == 2, intruder
+    assert intruder["keepers_after"] == second["keepers"], intruder
     assert first["warm"] == [False, False]
-    assert second["warm"] == [True, True]  # although the Python workers that left them are gone
-    assert timed_out["warm"] == [True, True]
-    assert len(timed_out["spares_seen"]) == 2 and timed_out["spares"] == []  # left with a 5 s idle timeout
+    assert second["warm"] == [True, True]  # although the Python workers that left the keeper are gone
+    assert timed_out["warm"] == [False, False]  # a keeper serves the tasks of its own idle timeout
     assert off["warm"] == [False, False]  # spark.tfbarrier.warmStart=false
-    assert last["warm"] == [False, False]
+    assert last["warm"] == [True, True]
     for fit in report["fits"]:
         assert fit["checksums"][0] == fit["checksums"][1]  # the replicas stayed in sync
-        assert fit["busy"] == []  # every process that trained has exited
-    assert len(first["spares"]) == 2  # one per task
-    assert len(second["spares"]) == 2 and not set(second["spares"]) & set(first["spares"])  # used, replaced
-    assert off["spares"] == [] and len(last["spares"]) == 2  # none left with warm start off
-    assert len(report["keepers"]) == 2
-    # A fresh process imports TensorFlow after its task sent the job; a spare had done it before.
-    assert min(first["tensorflow_import"]) > max(second["tensorflow_import"])
+        assert fit["busy"] == [] and fit["idle_spares"] == []  # every process that trained has exited
+    # One keeper for the executor's two tasks, serving fit after fit.
+    assert len(first["keepers"]) == 1 and second["keepers"] == first["keepers"] == last["keepers"]
+    # spareIdleTimeout=5 left a keeper of its own, gone 5 s after; warm start off left none.
+    assert len(timed_out["keepers_seen"]) == 2 and timed_out["keepers"] == first["keepers"]
+    assert off["keepers"] == first["keepers"]
+    # A fresh process imports TensorFlow after its task sent the job; a keeper had done it before it forked.
+    assert min(first["tensorflow_import"]) > 0 and max(second["tensorflow_import"]) == 0
     deadline = time.monotonic() + 30
     tag = report["tag"]
-    while (training_processes(spares=True, tag=tag) or training_processes(tag=tag, module="tfbarrier.spark.spares")) \
-            and time.monotonic() < deadline:
+    while (training_processes(spares=True, tag=tag) or training_processes(tag=tag, kind="keeper")
+           or training_processes(tag=tag, kind="relay")) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert training_processes(spares=True, tag=tag) == []
-    assert training_processes(tag=tag, module="tfbarrier.spark.spares") == []
+    assert training_processes(tag=tag, kind="keeper") == [] and training_processes(tag=tag, kind="relay") == []
 
 
 def _keeper(idle_timeout=120):
-    """A spare's keeper for this process's environment, owned by this test, as spares.leave starts one;
+    """A keeper for this process's environment, owned by this test, as spares.leave starts one;
     (its Popen, its home)."""
     home, env = importable_home("tfbarrier-keeper-", dict(os.environ))
     spec = {"python": sys.executable, "env": dict(os.environ), "owner": os.getpid(), "idle_timeout": idle_timeout,
             "home": home}
-    keeper = subprocess.Popen([sys.executable, "-m", "tfbarrier.spark.spares"], stdin=subprocess.PIPE, env=env)
+    keeper = subprocess.Popen([sys.executable, "-m", "tfbarrier.spark.keeper"], stdin=subprocess.PIPE, env=env)
     keeper.stdin.write(pickle.dumps(spec))
     keeper.stdin.close()
     return keeper, home
 
 
-def test_a_keeper_stopped_twice_while_stopping_its_process_leaves_no_directory_behind():
-    # Spark's daemon sends SIGHUP at shutdown, and a second signal could reach a keeper while it waited for its
-    # training process to exit: that one cut the cleanup short, and CI's run left the processes' homes in /tmp.
+TAKER = """
+import os, sys, time
+from tfbarrier.spark import spares
+deadline = time.monotonic() + 60
+while (process := spares.take(sys.executable, dict(os.environ), 120)) is None and time.monotonic() < deadline:
+    time.sleep(0.1)  # until the keeper listens
+print(process.pid, process.home, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_keeper_stopped_twice_while_its_relay_stops_a_process_leaves_no_directory_behind():
+    # Spark's daemon sends SIGHUP at shutdown, and a second signal could reach a keeper while its relay waited
+    # for a training process to exit: that one cut the cleanup short, and CI's run left the processes' homes in /tmp.
     keeper, keeper_home = _keeper()
+    # A child of the owner, in the environment the keeper matches (a library may have set more in C's own).
+    taker = subprocess.Popen([sys.executable, "-c", TAKER], stdout=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
-        deadline = time.monotonic() + 60
-        while not (children := psutil.Process(keeper.pid).children()):
-            assert keeper.poll() is None and time.monotonic() < deadline
+        pid, home = taker.stdout.readline().split()
+        process = psutil.Process(int(pid))
+        assert os.path.basename(home).startswith("tfbarrier-process-") and os.path.isdir(home)
+        (relay,) = psutil.Process(keeper.pid).children()
+        deadline = time.monotonic() + 30
+        while process.name() != "tfb-spare" and time.monotonic() < deadline:  # named at once after the fork
             time.sleep(0.05)
-        process = children[0]
-        home = process.environ()["PYTHONPATH"].split(os.pathsep)[0]
-        assert os.path.basename(home).startswith("tfbarrier-process-")
-        time.sleep(0.5)  # the keeper is in its `with TrainingProcess` block now
-        process.suspend()  # so that the keeper's stop() waits its whole grace for it
+        assert process.ppid() == relay.pid and relay.name() == "tfb-relay" and process.name() == "tfb-spare"
+        process.suspend()  # so that the relay's stop() waits its whole grace for it
         keeper.send_signal(signal.SIGHUP)
         time.sleep(1)
         keeper.send_signal(signal.SIGTERM)  # while that wait runs
@@ -80,5 +93,7 @@ def test_a_keeper_stopped_twice_while_stopping_its_process_leaves_no_directory_b
         assert not os.path.exists(home) and not os.path.exists(keeper_home)
         assert code == 128 + signal.SIGHUP  # the first signal's exit: the second was ignored
         assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+        assert not relay.is_running() or relay.status() == psutil.STATUS_ZOMBIE
     finally:
+        taker.kill()
         keeper.kill()

@@ -6,6 +6,7 @@ training_process.py.
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import shutil
 import signal
@@ -20,13 +21,17 @@ from tfbarrier.spark import protocol, workdirs
 from tfbarrier.spark.protocol import LOG_FILE
 
 
+@functools.lru_cache(maxsize=None)
+def _libc():
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)  # find_library runs ldconfig
+
+
 def _prctl(option, value):
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(option, value)
+        _libc().prctl(option, value)
 
 
-def _die_with_parent():  # runs in the child between fork and exec
+def die_with_parent():  # in a child between fork and exec, or a forked one (spares.py)
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
@@ -70,7 +75,7 @@ class TrainingProcess:
                 proc = subprocess.Popen(
                     [python or sys.executable, "-m", "tfbarrier.spark.training_process", str(theirs.fileno())],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env, pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent,
+                    env=env, pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent,
                 )
         except BaseException:  # a keeper's stop signal too: no home left behind
             ours.close()

@@ -57,7 +57,7 @@ def _written_event(written):
 
 def _training_process(job, python, env):
     """A spare of this executor that matches (TensorFlow already imported), else a fresh process."""
-    spare = spares.take(python, env) if job.spare_idle_timeout else None
+    spare = spares.take(python, env, job.spare_idle_timeout) if job.spare_idle_timeout else None
     return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
 
 

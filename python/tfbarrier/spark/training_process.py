@@ -1,7 +1,7 @@
 """What runs inside a training process: ``python -m tfbarrier.spark.training_process FD``, started by a
 barrier task through launcher.py.
 
-It imports TensorFlow, then waits for its job (at once, or later as a spare: see spares.py),
+It imports TensorFlow (or a spare's keeper that did forks it: spares.py), then waits for its job,
 reserves a port and reports it, waits for TF_CONFIG from its task and runs the job's ``execute``
 (job.py, fit_job.py). Its ProcessReport goes to RESULT_FILE, an error to ERROR_FILE, in the task's
 work directory (protocol.py).
@@ -33,7 +33,7 @@ def _exit_with_parent():
     threading.Thread(target=watch, daemon=True, name="tfbarrier-parent-watch").start()
 
 
-def _import_tensorflow():
+def import_tensorflow():
     """(tf, None), or (None, the exception) for the job to raise if it needs TensorFlow (fit does;
     run and apply do without it when the environment has none)."""
     try:
@@ -98,13 +98,19 @@ def _move_output(previous_log, workdir):
 
 
 def main(argv):
+    """A process started for a task (launcher.py): it imports TensorFlow itself."""
+    name_process("tfb-starting")  # what `ps -o comm` shows while TensorFlow imports
+    tf, import_error = import_tensorflow()
+    return run(int(argv[1]), tf, import_error, time.time())
+
+
+def run(fd, tf, import_error, imported):
+    """Wait for the job on the channel ``fd`` and run it, TensorFlow imported (at ``imported``) by this
+    process or by the keeper it was forked from (spares.py); the exit code."""
     _exit_with_parent()
     faulthandler.register(protocol.STACKS_SIGNAL, all_threads=True)  # to fd 2, the task's log once adopted
-    name_process("tfb-starting")  # what `ps -o comm` shows while TensorFlow imports
-    channel = protocol.Channel(socket.socket(fileno=int(argv[1])))
-    gpus = os.environ.get(settings.GPUS_ENV)  # fixed from here on: TensorFlow reads it once
-    tf, import_error = _import_tensorflow()
-    imported = time.time()
+    channel = protocol.Channel(socket.socket(fileno=fd))
+    gpus = os.environ.get(settings.GPUS_ENV)  # fixed since TensorFlow's import: it reads it once
     name_process("tfb-spare")  # ready, until a task adopts it
     message = channel.wait_for(protocol.JOB)
     workdir = message["workdir"]

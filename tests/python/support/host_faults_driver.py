@@ -19,7 +19,7 @@ import traceback
 import warnings
 
 import cloudpickle
-from conftest import _is_spare, digits_cnn, digits_frames, make_spark
+from conftest import _is_spare, digits_cnn, digits_frames, make_spark, process_kind
 from support import faults, hosts
 from support.hosts import request
 
@@ -95,12 +95,8 @@ def job_processes():
     for address, namespace in zip(HOSTS, config["namespaces"]):
         pids = []
         for pid in hosts.namespace_pids(namespace):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"tfbarrier.spark.training_process" in f.read() and not _is_spare(pid):
-                        pids.append(pid)
-            except OSError:
-                pass
+            if process_kind(pid) == "training" and not _is_spare(pid):
+                pids.append(pid)
         found[address] = pids
     return found
 

@@ -54,12 +54,10 @@ def workers(result, *keys):
     return [{k: w[k] for k in ("index", "host", "executor", "checksum", "warm_start", *keys)} for w in result.workers]
 
 
-def idle_spares():
-    """The cluster's idle spares: its processes carry the test session's tag (this program's differs)
-    and the run's marker (the test session's local Spark may have spares too)."""
-    tag = config["tag"]
-    idle = set(training_processes(spares=True, tag=tag)) - set(training_processes(tag=tag))
-    return sorted(idle & set(run_processes(config["run_id"])))
+def keepers():
+    """The cluster's keepers of warm start: its processes carry the test session's tag (this program's
+    differs) and the run's marker (the test session's local Spark may have keepers too)."""
+    return sorted(set(training_processes(tag=config["tag"], kind="keeper")) & set(run_processes(config["run_id"])))
 
 
 def fit_with_validation_saving_and_checkpoints():
@@ -76,9 +74,9 @@ def fit_with_validation_saving_and_checkpoints():
 
 
 def second_fit():
-    spares = wait_for(lambda: len(idle_spares()) >= HOSTS)
+    kept = wait_for(lambda: len(keepers()) >= HOSTS)  # one per executor
     result = tfbarrier.fit(df, digits_cnn(), epochs=1, steps_per_epoch=5, **FIT)
-    return {"spares_before": spares, "workers": workers(result)}
+    return {"keepers_before": kept, "workers": workers(result)}
 
 
 def predict():
