@@ -41,10 +41,25 @@ def read_as_nobody(paths):
     return json.loads(out.stdout)
 
 
+def ancestors_environ():
+    """The environments of this process's ancestors (its task, or the relay and keeper it was forked by), joined."""
+    found, pid = [], os.getppid()
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                found.append(f.read().decode(errors="replace"))
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:  # another user's (not readable), or gone
+            break
+    return "\n".join(found)
+
+
 class Inspect(tf_keras.callbacks.Callback):
     """In worker 0's training process, once it trains: the modes of its work directory and of the files
-    there, of its home and of the driver's job directories (local mode: the same host), what nobody reads
-    of them, and whether the job's secret is in its environment or its task's. Written to ``out``."""
+    there, of its home (or its keeper's) and of the driver's job directories (local mode: the
+    same host), what nobody reads of them, and whether the job's secret is in its environment or its ancestors'
+    (its task's). Written to ``out``."""
 
     def __init__(self, out):
         super().__init__()
@@ -56,10 +71,11 @@ class Inspect(tf_keras.callbacks.Callback):
         workdir = os.path.dirname(os.readlink("/proc/self/fd/1"))  # the log there is its output
         job = protocol.read_pickle(workdir, protocol.JOB_FILE)
         files = [os.path.join(workdir, name) for name in (protocol.JOB_FILE, protocol.LOG_FILE, protocol.SHARD_FILE)]
-        homes = [path for path in sys.path if os.path.basename(path).startswith("tfbarrier-process-")]
+        # Its home, or the keeper's it was forked from (keeper.py): where it imports tfbarrier from.
+        homes = [path for path in sys.path if os.path.basename(path).startswith(("tfbarrier-process-",
+                                                                                 "tfbarrier-keeper-"))]
         jobs = glob.glob(os.path.join(tempfile.gettempdir(), "tfbarrier-job-*"))
-        with open(f"/proc/{os.getppid()}/environ", "rb") as f:
-            task_environ = f.read().decode(errors="replace")
+        task_environ = ancestors_environ()
         seen = {
             "modes": {path: oct(stat.S_IMODE(os.stat(path).st_mode)) for path in [workdir, *files, *homes, *jobs]},
             "dirs": {"workdir": workdir, "homes": homes, "jobs": jobs, "files": files},

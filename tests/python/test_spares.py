@@ -63,8 +63,9 @@ TAKER = """
 import os, sys, time
 from tfbarrier.spark import spares
 deadline = time.monotonic() + 60
-while (process := spares.take(sys.executable, dict(os.environ), 120)) is None and time.monotonic() < deadline:
+while (handover := spares.request(sys.executable, dict(os.environ), 120)) is None and time.monotonic() < deadline:
     time.sleep(0.1)  # until the keeper listens
+process = handover.receive()
 print(process.pid, process.home, flush=True)
 time.sleep(600)
 """

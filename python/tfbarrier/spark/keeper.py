@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 
 from tfbarrier import faults, settings
 from tfbarrier.spark import protocol, spares, training_process, workdirs
@@ -110,6 +111,7 @@ def fork_training_process(tf, import_error, imported, inherited=()):
     home = workdirs.make("tfbarrier-process-")
     ours, theirs = socket.socketpair()
     log = workdirs.private_file(os.path.join(home, protocol.LOG_FILE))
+    parent = os.getpid()
     pid = _fork()
     if pid == 0:  # the training process
         code = faults.EXIT_FAILED
@@ -118,6 +120,8 @@ def fork_training_process(tf, import_error, imported, inherited=()):
             ours.close()
             _close(inherited)
             die_with_parent()
+            if os.getppid() != parent:  # the relay died before that took effect
+                return
             for number in spares.STOP_SIGNALS:  # as a process started afresh has them
                 signal.signal(number, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -127,6 +131,8 @@ def fork_training_process(tf, import_error, imported, inherited=()):
             log.close()
             _reseed()
             code = training_process.run(theirs.detach(), tf, import_error, imported)
+        except BaseException:  # noqa: B902 - to its log: no caller to raise to
+            traceback.print_exc()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -209,7 +215,8 @@ def _relay(conn, tf, import_error, imported):
     """A relay (forked from the keeper, for one task): fork the task's training process, hand it over and
     pass its signals on; the relay's exit stops the process (PR_SET_PDEATHSIG)."""
     name_process("tfb-relay")
-    with fork_training_process(tf, import_error, imported, inherited=(conn,)) as process:  # stopped however the relay ends
+    # Stopped however the relay ends.
+    with fork_training_process(tf, import_error, imported, inherited=(conn,)) as process:
         _serve(conn, process)
 
 

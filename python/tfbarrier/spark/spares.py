@@ -9,7 +9,8 @@ seconds. The keeper listens on a Unix socket named after the executor and that m
 namespace, elsewhere in a directory of the temporary directory only this user enters); for each task that
 connects it forks a *relay* (``tfb-relay``), which forks the training process, hands the task its channel
 (SCM_RIGHTS) and from then on passes the task's signals to it and reports how it exited (only a parent
-learns that). Tasks that come while the keeper still imports wait for it, as they would for a new process.
+learns that). A task asks first and takes the process once its shard is written (``request``, then
+``Handover.receive``): from a keeper that still imports TensorFlow, once it is done, as from a new process.
 
 Only a task of its own executor gets a process. An abstract socket has no file permissions and its name is
 listed in the world-readable /proc/net/unix, so the keeper asks the kernel who connected (SO_PEERCRED):
@@ -60,32 +61,52 @@ def address(python, env, idle_timeout, owner):
     return f"{base}/{match}"
 
 
-def take(python, env, idle_timeout):
-    """A training process of this executor's keeper for ``python``, ``env`` and ``idle_timeout``, or None."""
-    return _take_from(address(python, env, idle_timeout, os.getppid()))
-
-
-def _take_from(path):
+def request(python, env, idle_timeout):
+    """Ask this executor's keeper for ``python``, ``env`` and ``idle_timeout`` for a training process: its
+    Handover, or None when there is no keeper (or the socket under its name is another user's)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(settings.SPARE_HANDOVER)
     try:
-        conn.settimeout(settings.SPARE_HANDOVER)
-        conn.connect(path)
-        if not _same_user(conn):  # another user's socket under a spare's name
+        conn.connect(address(python, env, idle_timeout, os.getppid()))
+    except OSError:
+        conn.close()
+        return None
+    if not _same_user(conn):
+        conn.close()
+        return None
+    return Handover(conn)
+
+
+class Handover:
+    """A training process a keeper is forking for this task: asked for first, received once the task has
+    done what it can meanwhile (a keeper that still imports TensorFlow hands it over when done)."""
+
+    def __init__(self, conn):
+        self._conn = conn
+
+    def receive(self):
+        """The training process, or None when the keeper failed to hand one over."""
+        conn, self._conn = self._conn, None
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 65536, 1)
+        except OSError:  # the keeper ended (its idle timeout ran out as the task came), or took too long
             conn.close()
             return None
-        data, fds, _, _ = socket.recv_fds(conn, 65536, 1)
-    except OSError:  # no spare there (any more), or it is handing itself to another task
-        conn.close()
-        return None
-    if not data or not fds:
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        return None
-    conn.settimeout(None)
-    spare = json.loads(data)
-    channel = protocol.Channel(socket.socket(fileno=fds[0]))
-    return TrainingProcess.taken_over(KeptProcess(conn, spare["pid"]), channel, spare["home"])
+        if not data or not fds:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        conn.settimeout(None)
+        handed = json.loads(data)
+        channel = protocol.Channel(socket.socket(fileno=fds[0]))
+        return TrainingProcess.taken_over(KeptProcess(conn, handed["pid"]), channel, handed["home"])
+
+    def close(self):
+        """Not taken after all (the task failed first): the keeper's relay stops the process it forked."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def leave(python, env, idle_timeout=settings.SPARE_IDLE_TIMEOUT):

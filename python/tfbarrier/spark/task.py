@@ -1,13 +1,13 @@
 """What runs in each Spark barrier task (the executor's Python worker; no TensorFlow here).
 
-One task: take a spare training process of this executor, which has imported TensorFlow already,
-or start one (it imports TensorFlow while the task writes its shard), fetch the job's files (the
+One task: ask this executor's keeper for a training process (forked from one that imported TensorFlow
+already, spares.py), or start one (it imports TensorFlow while the task writes its shard), fetch the job's files (the
 model's weights: transfer.py) and write the partition to the shard file (``job.write_input``) at the
 same time, meet every peer (rendezvous.py, through the driver link), hand TF_CONFIG and the agreed
 steps per epoch to the training process, wait for its report, send the files it reports (the
 trained weights) to the driver and yield the task's WorkerResult. The work directory and the process
-are gone when the task ends, however it ends; a task that succeeded leaves a spare for the next one
-(spares.py).
+are gone when the task ends, however it ends; a task that succeeded leaves a keeper for the next ones
+where there is none (spares.py).
 """
 
 import dataclasses
@@ -55,10 +55,32 @@ def _written_event(written):
     return text
 
 
-def _training_process(job, python, env):
-    """A spare of this executor that matches (TensorFlow already imported), else a fresh process."""
-    spare = spares.take(python, env, job.spare_idle_timeout) if job.spare_idle_timeout else None
-    return (spare, True) if spare is not None else (TrainingProcess(env, python), False)
+class _Starting:
+    """The task's training process while the task writes its shard: a keeper's handover to come (spares.py),
+    or a new process importing TensorFlow meanwhile. ``ready()`` then gives it; stopped however the task ends."""
+
+    def __init__(self, job, python, env):
+        self._python, self._env = python, env
+        self._handover = spares.request(python, env, job.spare_idle_timeout) if job.spare_idle_timeout else None
+        self.process = None if self._handover else TrainingProcess(env, python)
+        self.warm = False
+
+    def ready(self):
+        if self._handover is not None:  # waits while the keeper still imports TensorFlow
+            self.process, self._handover = self._handover.receive(), None
+            self.warm = self.process is not None
+        if self.process is None:  # the keeper ended as the task came
+            self.process = TrainingProcess(self._env, self._python)
+        return self.process
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._handover is not None:
+            self._handover.close()
+        if self.process is not None:
+            self.process.stop()
 
 
 def _fetch_files(job, link, workdir, index, host):
@@ -130,15 +152,15 @@ def _run(job, context, batches, workdir, link):
     job, python, environment_info = _job_and_python(job, context, workdir, link, timings)
     env, task_env = _training_env(job, context, index), _task_env(job)
     spawned = time.time()
-    process, warm = _training_process(job, python, env)
-    with process:
-        process.adopt(workdir, task_env, index, host)
-        if job.verbose >= 2:
-            link.follow(os.path.join(workdir, protocol.LOG_FILE))
+    with _Starting(job, python, env) as starting:
         shard = os.path.join(workdir, protocol.SHARD_FILE)
         written = job.write_input(batches, shard, index)
         counts = _row_counts(written)
         timings["data_shard"] = time.time() - spawned  # while the training process imports TensorFlow
+        process = starting.ready()
+        process.adopt(workdir, task_env, index, host)
+        if job.verbose >= 2:
+            link.follow(os.path.join(workdir, protocol.LOG_FILE))
         link.event(_written_event(written))
         port = process.receive(protocol.PORT, timeout=settings.STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - spawned
@@ -155,14 +177,14 @@ def _run(job, context, batches, workdir, link):
                      workers_on_host=sum(peer["host"] == host for peer in peers), **counts, **agreed)
         report = _until_done(process, job, link, workdir, peers, index, host)
         process.stop(grace=settings.EXIT_GRACE)
-    if job.spare_idle_timeout:
+    if job.spare_idle_timeout and not starting.warm:  # a keeper served it: there is one
         spares.leave(python, env, idle_timeout=job.spare_idle_timeout)
     files, sent = _send_back(report, link, workdir, index)
     written = dict(written)
     return WorkerResult(
         report, index=index, host=host, executor=context.getTaskInfos()[index].address, port=port,
-        rows=written.pop("rows"), written=written, agreed=agreed, environment=environment_info, warm_start=warm,
-        rendezvous_via=how, task_started_at=started, timings={**report.timings, **timings}, files=files,
+        rows=written.pop("rows"), written=written, agreed=agreed, environment=environment_info,
+        warm_start=starting.warm, rendezvous_via=how, task_started_at=started, timings={**report.timings, **timings}, files=files,
         transfer={"via": fetched["via"], "fetched_bytes": fetched["bytes"], "fetch_seconds": fetched["seconds"], **sent,
                   "encryption": link.encryption or "none"},
     )
