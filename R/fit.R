@@ -150,7 +150,8 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
 #'   process before training, e.g. to compile it with your optimizer; without it the task keeps KerasHub's compile.
 #' @return A preset for `spark_tf_fit(model = )`. With `lora_rank`, the fit's `model` is the trained adapters:
 #'   `fit$model$save(path)` writes them (a `.lora.h5` file for `load_lora_weights()`), `fit$model$load()` returns
-#'   the preset's task with them.
+#'   the preset's task with them. `save_to` in `spark_tf_fit()` saves preset directories (`epoch-001/`...,
+#'   the adapters merged into the weights) that KerasHub's `from_preset()` loads.
 #' @export
 tf_preset <- function(path, lora_rank = NULL, prepare = NULL) {
   check_given("path")

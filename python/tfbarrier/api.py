@@ -121,7 +121,7 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         each epoch the chief writes the model there as a ``.keras`` archive the model's own Keras loads
         (``keras.saving.load_model``, or tf_keras's for a model function), ``epoch-001.keras`` and so on,
         with ``saved.json`` listing them and each epoch's metrics: a long fit leaves usable models even
-        if the driver dies. ``FitResult.saved`` lists them.
+        if the driver dies. ``FitResult.saved`` lists them. A preset's are ``from_preset`` directories.
     save_best : str, optional
         With ``save_to``: save only when this metric (e.g. "val_loss", "val_accuracy", "loss") improves,
         to ``best.keras``; epochs without validation (``validation_freq``) are skipped.

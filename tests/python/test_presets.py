@@ -103,15 +103,16 @@ def test_a_preset_no_executor_can_read_is_refused_with_its_path_and_host(spark):
 
 @pytest.fixture(scope="module")
 def unseeded(spark, saved_preset, tmp_path_factory):
-    """A LoRA fit of the preset with no seed, logged to the experiment "presets" of a local MLflow store; (the
-    result, its rows as a DataFrame, the store's directory)."""
+    """A LoRA fit of the preset with no seed, logged to the experiment "presets" of a local MLflow store and saved
+    (save_to=); (the result, its rows as a DataFrame, the store's directory)."""
     data = sequences(2 * ROWS, seed=8)
     df = partitioned(spark, frame_of(data), lambda i: int(i >= ROWS), 2)
     store = tmp_path_factory.mktemp("mlflow")
     with tracking_to(store):
         result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
                                features=FEATURES, label="labels", sample_weight="weights", epochs=1,
-                               batch_size=GLOBAL_BATCH, num_workers=2, verbose=0, mlflow="presets")
+                               batch_size=GLOBAL_BATCH, num_workers=2, verbose=0, mlflow="presets",
+                               save_to=str(tmp_path_factory.mktemp("saved")))
     return result, df, store
 
 
@@ -140,6 +141,21 @@ def test_the_adapters_score_on_the_executors_which_load_the_preset_themselves(sp
     np.testing.assert_allclose(got, expected.reshape(len(expected), -1), rtol=1e-4, atol=1e-5)
     local = tfbarrier.predict_local(adapters, scored[list(FEATURES.values())], features=FEATURES, output="raw")
     np.testing.assert_allclose(np.asarray(local).reshape(len(got), -1), got, rtol=1e-4, atol=1e-5)
+
+
+def test_save_to_writes_a_preset_directory_that_from_preset_loads_with_the_adapters_merged(unseeded):
+    """(Before, save_to= wrote the LoRA task's .keras archive, epoch-001.keras, which from_preset cannot load.)"""
+    import keras_hub
+
+    result, df, _ = unseeded
+    (saved,) = result.saved
+    assert saved["epoch"] == 1 and os.path.basename(saved["path"]) == "epoch-001", saved
+    loaded = keras_hub.models.CausalLM.from_preset(saved["path"])
+    assert not any("lora" in w.path for w in loaded.weights)  # a plain task: its adapters are in its kernels
+    rows = df.toPandas()
+    inputs = {name: np.stack(rows[column]) for name, column in FEATURES.items()}
+    expected = np.asarray(result.model.load().predict(inputs, verbose=0))
+    np.testing.assert_allclose(np.asarray(loaded.predict(inputs, verbose=0)), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_a_preset_whose_weights_no_worker_can_hold_is_refused_on_the_driver_before_any_job(spark, saved_preset,

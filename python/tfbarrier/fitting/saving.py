@@ -4,7 +4,8 @@ usable models behind even if the driver dies.
 Each save is a ``.keras`` archive in the user's Keras, the archive ``FitResult.save`` writes: a
 Keras model passed to fit is rebuilt in its own Keras (Keras 3 or tf_keras) from its config with the
 trained weights, since a tf_keras archive does not load in Keras 3; a model function's tf_keras model
-is saved as it is. Every completed epoch is kept (``epoch-001.keras``, ...) or, with ``save_best``, only
+is saved as it is. A preset's task is saved as a preset directory (``epoch-001/``; its LoRA adapters merged
+into the weights). Every completed epoch is kept (``epoch-001.keras``, ...) or, with ``save_best``, only
 the best one by that metric so far (``best.keras``). ``saved.json`` lists what was written, with each
 epoch's logs; a resumed attempt carries it on. Files are written aside and renamed into place: on a
 local or POSIX file system a reader never sees half an archive.
@@ -13,6 +14,7 @@ local or POSIX file system a reader never sees half an archive.
 import concurrent.futures
 import json
 import os
+import tempfile
 
 import tensorflow as tf
 import tf_keras
@@ -25,9 +27,10 @@ from tfbarrier.ranking import better
 MANIFEST = "saved.json"
 
 
-def file_name(epoch, best):
-    """The archive of ``epoch`` (from 0)."""
-    return "best.keras" if best else f"epoch-{epoch + 1:03d}.keras"
+def file_name(epoch, best, preset=False):
+    """The archive of ``epoch`` (from 0), or with ``preset`` its preset directory."""
+    name = "best" if best else f"epoch-{epoch + 1:03d}"
+    return name if preset else name + ".keras"
 
 
 def read_manifest(directory):
@@ -50,6 +53,7 @@ class SaveModel(tf_keras.callbacks.Callback):
         self.spec, self.directory, self.monitor, self.is_chief, self.epoch_log = (
             spec, directory, monitor, is_chief, epoch_log)
         self.improves = better(mode)
+        self.presets = getattr(spec, "saves_presets", False)  # a preset's task: saved as a preset directory
         self.entries = None  # the manifest: {"epoch" (from 1), "file", "logs"} per save
         self.best = None
         # The chief's copy of the model in the user's Keras lives on a thread of its own: callbacks run
@@ -78,11 +82,14 @@ class SaveModel(tf_keras.callbacks.Callback):
         logs = {k: float(v) for k, v in (logs or {}).items()}
         if self.monitor is not None and not self._improves(logs):
             return
-        archive = self._archive()
+        archive = None if self.presets else self._archive()
         if not self.is_chief:
             return
-        name = file_name(epoch, best=self.monitor is not None)
-        _write(self.directory, name, archive)
+        name = file_name(epoch, best=self.monitor is not None, preset=self.presets)
+        if self.presets:
+            _write_preset(self.directory, name, self.model)
+        else:
+            _write(self.directory, name, archive)
         self.entries.append({"epoch": epoch + 1, "file": name, "logs": logs})
         _write(self.directory, MANIFEST, json.dumps(self.entries, indent=1).encode())
 
@@ -130,3 +137,30 @@ def _write(directory, name, data):
     path = os.path.join(directory, name)
     with atomic.written_aside(path, "wb", atomic.gfile(tf)) as f:
         f.write(data)
+
+
+def _write_preset(directory, name, task):
+    """The KerasHub ``task`` as the preset directory ``directory/name`` that ``from_preset`` loads, its LoRA
+    adapters merged into the kernels they adapt (Keras saves a LoRA layer's kernel so): written in a local
+    directory, copied beside its place on any file system tf.io.gfile reaches, then renamed into it (an
+    earlier one of that name removed first)."""
+    target = os.path.join(directory, name)
+    scratch = f"{target}.part-{os.getpid()}"
+    with tempfile.TemporaryDirectory(prefix="tfbarrier-preset-") as local:
+        task.save_to_preset(local)
+        try:
+            _copy_tree(local, scratch)
+            if tf.io.gfile.exists(target):
+                tf.io.gfile.rmtree(target)
+            tf.io.gfile.rename(scratch, target)
+        finally:
+            if tf.io.gfile.exists(scratch):
+                tf.io.gfile.rmtree(scratch)
+
+
+def _copy_tree(source, target):
+    for root, _, names in os.walk(source):
+        into = os.path.join(target, os.path.relpath(root, source))
+        tf.io.gfile.makedirs(into)
+        for name in names:
+            tf.io.gfile.copy(os.path.join(root, name), os.path.join(into, name), overwrite=True)

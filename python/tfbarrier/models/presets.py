@@ -86,6 +86,7 @@ class PresetModel:
     adapters = ()
     flavor = "keras3"
     native = True
+    saves_presets = True  # fit(save_to=) writes preset directories (saving.py)
 
     @classmethod
     def from_preset(cls, chosen, files):
