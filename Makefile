@@ -121,7 +121,8 @@ STREAMING_BASELINE := 74a8fa1
 BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-no-onednn memory first-step \
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
-                encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b
+                encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b \
+                warm-start
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -180,6 +181,8 @@ bench-preset-1b: venv
 	$(PY) bench/preset_bench.py --size 1b --rounds 1 --steps 4
 bench-cpu-pool: venv
 	$(PY) bench/cpu_pool_bench.py --rounds 3
+bench-warm-start: venv
+	$(PY) bench/warm_start_bench.py --baseline-ref f68997f --fits 4 --rounds 3
 bench-speed-onednn: venv
 	$(PY) bench/cpu_pool_bench.py --onednn --rounds 3
 bench-keras3-paths: venv
