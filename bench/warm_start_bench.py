@@ -1,7 +1,7 @@
 """What warm start costs, this tree against a git revision's.
 
 Each contender is a driver process with a local[2] Spark of its own (``--driver``): a cold fit, then
-``--fits`` warm fits of the slides' CNN (2 workers x 64, ``--steps`` steps, 1 epoch), each once the machine
+``--fits`` warm fits of the slides' CNN (2 workers x 64, ``--steps`` steps x 2 epochs), each once the machine
 settled. Per contender: a warm fit's time from the call to its first finished step, the call's total, and
 the CPU-seconds the whole machine spent per warm fit (/proc/stat, from the settled end of the cold fit to
 the settled end of the last: what a fit's processes cost to start, wherever that work landed, the
@@ -47,7 +47,7 @@ def driver(out, data, fits, steps):
     df.count()
 
     def fit(callbacks):
-        result = tfbarrier.fit(df, workloads.build_model(keras, "cnn"), features="pixels", label="label", epochs=1,
+        result = tfbarrier.fit(df, workloads.build_model(keras, "cnn"), features="pixels", label="label", epochs=2,
                                batch_size=BATCH * WORKERS, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
         warm.append([w["warm_start"] for w in result.workers])
 
@@ -100,7 +100,7 @@ def main():
     results = harness.rounds_of({name: (lambda env=env: run_contender(env, data, args.fits, args.steps))
                                  for name, env in envs.items()}, args.rounds, log=print)
     body = [f"`{harness.command()}`: per contender a driver and a local[2] Spark of its own, a cold fit, then "
-            f"{args.fits} warm fits of the slides' CNN (2 workers x {BATCH}, {args.steps} steps, 1 epoch), each "
+            f"{args.fits} warm fits of the slides' CNN (2 workers x {BATCH}, {args.steps} steps x 2 epochs), each "
             "once the machine settled; rounds alternate the contenders. CPU: the whole machine's busy CPU-seconds "
             "per warm fit, from the settled end of the cold fit to the settled end of the last (the TensorFlow "
             "imports of the processes a fit leaves for the next included).", ""]
