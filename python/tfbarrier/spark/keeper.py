@@ -5,6 +5,7 @@ connects forks a relay, which forks the task's training process, hands it over a
 signals on until it exits.
 """
 
+import gc
 import json
 import os
 import pickle
@@ -294,6 +295,9 @@ def keep(spec):
         return
     try:
         tf, import_error = training_process.import_tensorflow()  # once, for every process it forks
+        # What was imported stays: out of the collector's sight, a fork's collections do not write to (and so
+        # copy) every page of it.
+        gc.freeze()
         _serve_takers(listener, spec, tf, import_error, time.time())
     finally:
         listener.close()
