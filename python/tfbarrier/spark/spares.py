@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import pickle
+import select
 import signal
 import socket
 import struct
@@ -83,6 +84,10 @@ class Handover:
 
     def __init__(self, conn):
         self._conn = conn
+
+    def arrived(self):
+        """Whether the keeper has handed the process over already (it had imported TensorFlow)."""
+        return bool(select.select([self._conn], [], [], 0)[0])
 
     def receive(self):
         """The training process, or None when the keeper failed to hand one over."""

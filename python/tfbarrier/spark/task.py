@@ -56,25 +56,45 @@ def _written_event(written):
 
 
 class _Starting:
-    """The task's training process while the task writes its shard: a keeper's handover to come (spares.py),
-    or a new process importing TensorFlow meanwhile. ``ready()`` then gives it; stopped however the task ends."""
+    """The task's training process while the task writes its shard: a new process importing TensorFlow
+    meanwhile, or the one this executor's keeper forks (spares.py), taken at once when the keeper has imported
+    TensorFlow, else once the shard is written. ``adopt`` is called with the process as soon as there is one
+    (it loads its job meanwhile); ``ready()`` gives it. Stopped however the task ends."""
 
-    def __init__(self, job, python, env):
-        self._python, self._env = python, env
-        self._handover = spares.request(python, env, job.spare_idle_timeout) if job.spare_idle_timeout else None
-        self.process = None if self._handover else TrainingProcess(env, python)
+    def __init__(self, job, python, env, adopt):
+        self._job, self._python, self._env, self._adopt = job, python, env, adopt
+        self._handover = self.process = None
         self.warm = False
+
+    def __enter__(self):
+        try:
+            if self._job.spare_idle_timeout:
+                self._handover = spares.request(self._python, self._env, self._job.spare_idle_timeout)
+            if self._handover is None:
+                self._have(TrainingProcess(self._env, self._python))
+            elif self._handover.arrived():
+                self._take()
+        except BaseException:  # noqa: B902 - nothing left behind, whatever stopped it
+            self.__exit__()
+            raise
+        return self
 
     def ready(self):
         if self._handover is not None:  # waits while the keeper still imports TensorFlow
-            self.process, self._handover = self._handover.receive(), None
-            self.warm = self.process is not None
+            self._take()
         if self.process is None:  # the keeper ended as the task came
-            self.process = TrainingProcess(self._env, self._python)
+            self._have(TrainingProcess(self._env, self._python))
         return self.process
 
-    def __enter__(self):
-        return self
+    def _take(self):
+        process, self._handover = self._handover.receive(), None
+        self.warm = process is not None
+        if process is not None:
+            self._have(process)
+
+    def _have(self, process):
+        self.process = process
+        self._adopt(process)
 
     def __exit__(self, *exc):
         if self._handover is not None:
@@ -152,15 +172,18 @@ def _run(job, context, batches, workdir, link):
     job, python, environment_info = _job_and_python(job, context, workdir, link, timings)
     env, task_env = _training_env(job, context, index), _task_env(job)
     spawned = time.time()
-    with _Starting(job, python, env) as starting:
+
+    def adopt(process):
+        process.adopt(workdir, task_env, index, host)
+        if job.verbose >= 2:
+            link.follow(os.path.join(workdir, protocol.LOG_FILE))
+
+    with _Starting(job, python, env, adopt) as starting:
         shard = os.path.join(workdir, protocol.SHARD_FILE)
         written = job.write_input(batches, shard, index)
         counts = _row_counts(written)
         timings["data_shard"] = time.time() - spawned  # while the training process imports TensorFlow
         process = starting.ready()
-        process.adopt(workdir, task_env, index, host)
-        if job.verbose >= 2:
-            link.follow(os.path.join(workdir, protocol.LOG_FILE))
         link.event(_written_event(written))
         port = process.receive(protocol.PORT, timeout=settings.STARTUP_TIMEOUT)["port"]
         timings["worker_start"] = time.time() - spawned
