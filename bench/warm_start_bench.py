@@ -36,15 +36,14 @@ def driver(out, data, fits, steps):
     """The ``--driver OUT`` process: the cold fit and the warm ones; their numbers as JSON to ``out``."""
     import keras
     import numpy as np
-    import pandas as pd
     import workloads
+    from fit_bench import dataframe
 
     import tfbarrier
 
     spark = harness.local_spark()
     x, y = np.load(os.path.join(data, "x.npy")), np.load(os.path.join(data, "y.npy"))
-    df = spark.createDataFrame(pd.DataFrame({"pixels": list(x), "label": y})).repartition(WORKERS).cache()
-    df.count()
+    df = dataframe(spark, x, y, WORKERS)
 
     def fit(callbacks):
         result = tfbarrier.fit(df, workloads.build_model(keras, "cnn"), features="pixels", label="label", epochs=2,

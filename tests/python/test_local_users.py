@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import tf_keras
 from conftest import left_behind
 
@@ -43,14 +44,11 @@ def read_as_nobody(paths):
 
 def ancestors_environ():
     """The environments of this process's ancestors (its task, or the relay and keeper it was forked by), joined."""
-    found, pid = [], os.getppid()
-    while pid > 1:
+    found = []
+    for parent in psutil.Process().parents():
         try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                found.append(f.read().decode(errors="replace"))
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:  # another user's (not readable), or gone
+            found.append(json.dumps(parent.environ()))
+        except psutil.Error:  # another user's (not readable), or gone
             break
     return "\n".join(found)
 
