@@ -12,6 +12,7 @@ import time
 import psutil
 from conftest import run_driver, training_processes
 
+from tfbarrier import settings
 from tfbarrier.spark.launcher import importable_home
 
 
@@ -98,3 +99,14 @@ def test_a_keeper_stopped_twice_while_its_relay_stops_a_process_leaves_no_direct
     finally:
         taker.kill()
         keeper.kill()
+
+
+def test_a_fit_after_a_predict_in_the_same_python_workers_is_still_served_warm():
+    # Predict imports TensorFlow in Spark's Python workers, which sets TF2_BEHAVIOR and the like in their
+    # environment: the next fit's tasks asked for a keeper of another environment, and started cold.
+    # The driver starts without them, as R's does (this process imported TensorFlow).
+    clean = {name: value for name, value in os.environ.items() if name not in settings.IMPORT_SET_ENV}
+    report = run_driver("warm_after_predict.py", env=clean)
+    assert report["scored"] == 1497
+    assert report["warm"] == [[False, False], [True, True]]
+    assert len(report["keepers"][0]) == 1 and report["keepers"][1] == report["keepers"][0]

@@ -26,7 +26,8 @@ def _training_env(job, context, index):
     """The training process's environment when it starts: the same for every task of this Python
     worker that has the same GPUs, so that a spare can serve them. Its GPUs are in it because
     TensorFlow reads CUDA_VISIBLE_DEVICES when it is imported, which a spare has done already."""
-    env = {name: value for name, value in os.environ.items() if name not in settings.TASK_ENV}
+    env = {name: value for name, value in os.environ.items()
+           if name not in settings.TASK_ENV and not _set_by_an_import(name, value)}
     for key, value in settings.TRAINING_ENV_DEFAULTS.items():
         env.setdefault(key, value)
     env.update(settings.TRAINING_ENV)
@@ -34,6 +35,13 @@ def _training_env(job, context, index):
     if job.imports_keras3:  # while the task writes the shard (1 s here), and in the spare it leaves
         env[settings.KERAS3_PRELOAD_ENV] = "1"
     return env
+
+
+def _set_by_an_import(name, value):
+    """Whether ``name=value`` is what an import in this Python worker wrote (settings.IMPORT_SET_ENV)."""
+    if name not in settings.IMPORT_SET_ENV:
+        return False
+    return settings.IMPORT_SET_ENV[name] in (None, value)
 
 
 def _task_env(job):
