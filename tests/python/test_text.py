@@ -215,13 +215,13 @@ def phrases(rows, seed):
     return pd.DataFrame({"text": texts})
 
 
-def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark):
+def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark, tmp_path):
     """No label column: the causal LM's preprocessor makes the next tokens and the padding mask from the text."""
     model, reference = causal_lm(), causal_lm()
     data, held_out = phrases(2 * ROWS_PER_WORKER, seed=4), phrases(GLOBAL_BATCH, seed=5)
     df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
     result = tfbarrier.fit(df, model, features="text", epochs=3, batch_size=GLOBAL_BATCH, num_workers=2,
-                           validation_data=spark.createDataFrame(held_out), shuffle=False)
+                           validation_data=spark.createDataFrame(held_out), shuffle=False, save_to=str(tmp_path))
 
     history = reference.fit(in_global_batches(data)["text"].to_numpy(), batch_size=GLOBAL_BATCH, epochs=3,
                             shuffle=False, verbose=0).history
@@ -233,6 +233,12 @@ def test_a_causal_lm_fits_from_a_string_column_alone_as_one_process(spark):
     np.testing.assert_allclose(result.history["val_loss"][-1], evaluated["loss"], rtol=1e-4)
     np.testing.assert_allclose(result.history["val_sparse_categorical_accuracy"][-1],
                                evaluated["sparse_categorical_accuracy"], rtol=1e-5)
+
+    # save_to's archives keep the preprocessor the model trained without: the last one reads strings as the result.
+    last = keras.saving.load_model(result.saved[-1]["path"])
+    assert last.preprocessor is not None, result.saved
+    np.testing.assert_allclose(last.predict(held_out["text"].to_numpy(), verbose=0),
+                               result.model.predict(held_out["text"].to_numpy(), verbose=0), rtol=1e-5, atol=1e-6)
 
     # Text out: greedy generation on the executors (a partition of 4 prompts, one generate() call each, so one
     # trace a Python worker) is the model's own over all 8 at once, row for row.

@@ -9,6 +9,7 @@ so the trained model that comes back scores strings as the user's did. Scoring n
 ``predict_on_batch`` runs its preprocessor itself.
 """
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -63,6 +64,20 @@ def put_back(model, preprocessor):
     """``model`` with its ``preprocessor`` again."""
     model.preprocessor = preprocessor
     return model
+
+
+@contextlib.contextmanager
+def attached(model, preprocessor):
+    """``model`` with ``preprocessor`` put back while inside, taken off again after (None: ``model`` as it is):
+    what a text fit saves while it trains must score strings as the trained model does."""
+    if preprocessor is None:
+        yield model
+        return
+    put_back(model, preprocessor)
+    try:
+        yield model
+    finally:
+        take_off(model)
 
 
 @dataclasses.dataclass(frozen=True)

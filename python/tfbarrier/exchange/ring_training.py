@@ -68,6 +68,8 @@ def train(job, config, channel):
             channel, job, workdir, index, resume=resume, batch_rows=job.batch_size // ring.size,
             steps_per_epoch=steps_per_epoch, keras=flavor.keras,
             checkpoints=functools.partial(RingCheckpoints, ring=ring), resumes_in_fit=flavor.keras is tf_keras)
+        if saver is not None and shard.text is not None:
+            saver.preprocessor = shard.text.preprocessor
         validation = training.validation_dataset(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
             callbacks.insert(0, flavor.validation(*validation, ring, every=job.validation_freq))

@@ -20,6 +20,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfbarrier import atomic
+from tfbarrier.data import text
 from tfbarrier.errors import ModelError
 from tfbarrier.models.model_spec import save_archive
 from tfbarrier.ranking import better
@@ -63,6 +64,7 @@ class SaveModel(tf_keras.callbacks.Callback):
         if is_chief and spec.flavor != "function" and not getattr(spec, "native", False):
             self.keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save")
         self.rebuilt = None  # that copy, built on the thread at the first save
+        self.preprocessor = None  # a text fit's, which the model trains without (text.take_off): saved with it
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.entries is None:  # the first epoch of this attempt
@@ -82,13 +84,14 @@ class SaveModel(tf_keras.callbacks.Callback):
         logs = {k: float(v) for k, v in (logs or {}).items()}
         if self.monitor is not None and not self._improves(logs):
             return
-        archive = None if self.presets else self._archive()
+        name = file_name(epoch, best=self.monitor is not None, preset=self.presets)
+        with text.attached(self.model, self.preprocessor):
+            archive = None if self.presets else self._archive()
+            if self.is_chief and self.presets:
+                _write_preset(self.directory, name, self.model)
         if not self.is_chief:
             return
-        name = file_name(epoch, best=self.monitor is not None, preset=self.presets)
-        if self.presets:
-            _write_preset(self.directory, name, self.model)
-        else:
+        if not self.presets:
             _write(self.directory, name, archive)
         self.entries.append({"epoch": epoch + 1, "file": name, "logs": logs})
         _write(self.directory, MANIFEST, json.dumps(self.entries, indent=1).encode())
