@@ -141,7 +141,8 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
 #'
 #' The driver ships the preset's path, not its weights: each training process loads the task saved there
 #' (`task$save_to_preset(path)`, or a downloaded preset's directory), enables LoRA adapters of `lora_rank` on its
-#' backbone, and trains; only the adapters train, cross the ring and come back.
+#' backbone, and trains; only the adapters train, cross the ring and come back. A string column trains a preset
+#' saved with its preprocessor (`features = "text"`; a causal LM needs no label).
 #'
 #' @param path A KerasHub preset directory every executor can read (a path on each host, or a file system
 #'   TensorFlow reads: HDFS, S3). A preset no executor can read is refused with the path and the host.

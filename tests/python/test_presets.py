@@ -6,6 +6,7 @@ import os
 
 import keras
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import partitioned
 from test_sequence_labels import GLOBAL_BATCH, ROWS_PER_WORKER as ROWS, causal_lm, frame_of, in_global_batches, \
@@ -85,11 +86,52 @@ def test_a_preset_is_refused_on_the_driver_when_it_is_no_task_or_with_a_text_col
     df = spark.createDataFrame(frame_of(sequences(4, seed=1)))
     with pytest.raises(ModelError, match="has no task.json"):
         tfbarrier.fit(df, backbone_only, features=FEATURES, label="labels", num_workers=1)
-    text = spark.createDataFrame([("a b c",)], "text string")
-    with pytest.raises(InvalidArgumentError, match="does not take a text column yet"):
+    text = spark.createDataFrame([("a b c",)], "text string")  # the preset was saved without a preprocessor
+    with pytest.raises(ModelError, match=r"holds strings, but the preset .* has no preprocessor.json"):
         tfbarrier.fit(text, saved_preset, features="text", num_workers=1)
     with pytest.raises(InvalidArgumentError, match="lora_rank must be a positive integer"):
         tfbarrier.preset(saved_preset, lora_rank=0)
+
+
+def test_a_lora_fine_tune_of_a_preset_from_a_text_column_equals_one_process_and_generates_on_the_executors(
+        spark, tmp_path):
+    """The preset's own preprocessor, loaded with it by each training process, makes the token ids, the next-token
+    labels and their mask from a string column; save_to's preset keeps it. (Before: "does not take a text column
+    yet".)"""
+    import keras_hub
+    import test_text
+
+    path = str(tmp_path / "tiny_gpt2")
+    test_text.causal_lm().save_to_preset(path)  # a GPT-2 task with its byte-pair tokenizer
+    rows = test_text.ROWS_PER_WORKER  # a local: the partitioning function travels to the executors
+    data = test_text.phrases(2 * rows, seed=4)
+    df = partitioned(spark, data, lambda i: int(i >= rows), 2)
+    result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=2, prepare=compile_for_test), features="text",
+                           epochs=2, batch_size=test_text.GLOBAL_BATCH, num_workers=2, shuffle=False, seed=11,
+                           verbose=0, save_to=str(tmp_path / "saved"))
+
+    keras.utils.set_random_seed(11)
+    reference = keras_hub.models.CausalLM.from_preset(path)
+    reference.backbone.enable_lora(2)
+    compile_for_test(reference)
+    history = reference.fit(test_text.in_global_batches(data)["text"].to_numpy(), batch_size=test_text.GLOBAL_BATCH,
+                            epochs=2, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(result.history["loss"], history["loss"], rtol=1e-4)
+    assert isinstance(result.model, LoraAdapters)
+    trained = {w.path: w for w in result.model.load().weights}
+    # enable_lora leaves the attention's biases trainable, and save_lora_weights leaves them out: they came back too
+    assert any(not w.path.endswith(("lora_kernel_a", "lora_kernel_b")) for w in reference.trainable_weights)
+    for weight in reference.trainable_weights:
+        np.testing.assert_allclose(trained[weight.path].numpy(), weight.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=weight.path)
+    saved = keras_hub.models.CausalLM.from_preset(result.saved[-1]["path"])
+    assert saved.preprocessor is not None, result.saved
+
+    prompts = pd.DataFrame({"prompt": ["ab", "cd e", "h", "fgh fg"]})
+    generated = tfbarrier.predict(partitioned(spark, prompts, lambda i: i % 2, 2), result, features="prompt",
+                                  output="text", max_length=10, batch_size=2).toPandas()
+    reference.compile(sampler="greedy")
+    assert generated["prediction"].tolist() == reference.generate(generated["prompt"].tolist(), max_length=10)
 
 
 def test_a_preset_no_executor_can_read_is_refused_with_its_path_and_host(spark):

@@ -54,9 +54,6 @@ def train(job, config, channel):
     try:
         flavor, exchanged = Keras3() if getattr(job.model, "native", False) else TfKeras(), set()
         model, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged, shard.width)
-        if job.layout.takes_text:  # its preprocessor makes the batches; fit must not run it again
-            preprocessing = text.Preprocessing(text.take_off(model), labelled=job.layout.label is not None)
-            shard = dataclasses.replace(shard, text=preprocessing)
         # unknown (a subclassed model): the rows' width, or each named input's (stored_forms.NamedRows)
         input_shape = flavor.input_shape(job, model) or (None if isinstance(shard.width, dict) else (shard.width,))
         job.layout.check_input(input_shape, shard.width)
@@ -68,8 +65,7 @@ def train(job, config, channel):
             channel, job, workdir, index, resume=resume, batch_rows=job.batch_size // ring.size,
             steps_per_epoch=steps_per_epoch, keras=flavor.keras,
             checkpoints=functools.partial(RingCheckpoints, ring=ring), resumes_in_fit=flavor.keras is tf_keras)
-        if saver is not None and shard.text is not None:
-            saver.preprocessor = shard.text.preprocessor
+        shard = _preprocessed(job, model, shard, saver)
         validation = training.validation_dataset(job, None, config, input_shape, shard, context)
         if validation is not None:  # first: every later callback sees val_*
             callbacks.insert(0, flavor.validation(*validation, ring, every=job.validation_freq))
@@ -206,6 +202,17 @@ class TfKeras(Keras3):
 
     def write_trained(self, job, model, workdir, is_chief):
         return training.write_trained(job, model, workdir, is_chief)
+
+
+def _preprocessed(job, model, shard, saver):
+    """For a text fit, the shard whose batches the model's preprocessor makes, taken off the model (fit must not
+    run it again) and put back by the saver for each save; else the shard."""
+    if not job.layout.takes_text:
+        return shard
+    preprocessing = text.Preprocessing(text.take_off(model), labelled=job.layout.label is not None)
+    if saver is not None:
+        saver.preprocessor = preprocessing.preprocessor
+    return dataclasses.replace(shard, text=preprocessing)
 
 
 def _whole(model, shard):

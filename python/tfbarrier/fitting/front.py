@@ -38,9 +38,10 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
         validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
     spark = data.sparkSession
     if layout.takes_text:
-        presets.refuse(model, "a text column", "tokenize it first: give the token ids (and padding mask) as array "
-                       "columns, features={\"token_ids\": ..., \"padding_mask\": ...}")
-        text.check_model(model, layout.features[0], native_model.keras_flavor(model) == "keras3")
+        if presets.is_preset(model):  # its preprocessor is loaded with it, where it trains
+            presets.check_reads_text(model, layout.features[0])
+        else:
+            text.check_model(model, layout.features[0], native_model.keras_flavor(model) == "keras3")
         native_model.check_options(**{"class_weight without a label": (
             class_weight if layout.label is None else None, "weigh the rows through the preprocessor's labels")})
     spec = native_model.spec_for_fit(model, files, spark.conf.get(settings.KERAS3_TRAINING_CONF, "auto"),

@@ -22,8 +22,12 @@ from tfbarrier.errors import InvalidArgumentError, ModelError
 from tfbarrier.spark.job import pickle_user_code
 
 TASK_FILE = "task.json"  # KerasHub's: the task's class and config, written by save_to_preset
+PREPROCESSOR_FILE = "preprocessor.json"  # KerasHub's too: the task's preprocessor, when it has one
 PREPARE_FILE = "prepare.pkl"  # the user's prepare(model), cloudpickled
 ADAPTERS_FILE = "adapters.lora.h5"  # the chief's trained adapters (save_lora_weights)
+# In that file beside KerasHub's "lora" group: the task's other trainable weights, which save_lora_weights leaves
+# out (the attention biases enable_lora leaves trainable, a classifier's head), one dataset each, by weight path.
+OTHERS_GROUP = "tfbarrier_trained"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +56,19 @@ def preset(path, lora_rank=None, prepare=None):
     return Preset(os.fspath(path), lora_rank, prepare)
 
 
-def refuse(model, what, fix):
-    """Refuse, on the driver, ``what`` a preset fit does not take yet (a preset's model is not on the driver)."""
-    if isinstance(model, (str, os.PathLike, Preset)):
-        raise InvalidArgumentError(f"a KerasHub preset's fit does not take {what} yet: {fix}")
+def is_preset(model):
+    """Whether ``model`` names a preset (a path, or ``preset(...)``): its model is not on the driver."""
+    return isinstance(model, (str, os.PathLike, Preset))
+
+
+def check_reads_text(model, column):
+    """Refuse, on the driver where it sees the preset, a preset fit from the text column ``column`` whose task was
+    saved without a preprocessor (no ``preprocessor.json``): nothing would turn the strings into token ids."""
+    path = model.path if isinstance(model, Preset) else os.fspath(model)
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, PREPROCESSOR_FILE)):
+        raise ModelError(f"feature column {column!r} holds strings, but the preset {path!r} has no "
+                         f"{PREPROCESSOR_FILE} to tokenize them: save the task with its preprocessor "
+                         "(task.save_to_preset), or tokenize the column into arrays of token ids first")
 
 
 def task_class(path):
@@ -115,7 +128,7 @@ class PresetModel:
     def write_trained(self, model, workdir):
         """The chief's file for the driver: the adapters with LoRA, else the whole model's archive."""
         if self.lora_rank:
-            model.backbone.save_lora_weights(os.path.join(workdir, ADAPTERS_FILE))
+            write_adapters(model, os.path.join(workdir, ADAPTERS_FILE))
             return {"adapters": ADAPTERS_FILE}
         model.save(os.path.join(workdir, "trained.keras"))
         return {"archive": "trained.keras"}
@@ -164,7 +177,34 @@ def task_with_adapters(preset, task, rank, adapters_file=None):
     model.backbone.enable_lora(rank)
     if adapters_file is not None:
         model.backbone.load_lora_weights(adapters_file)
+        _read_others(model, adapters_file)
     return model
+
+
+def write_adapters(model, path):
+    """Everything of the LoRA task ``model`` that trained, as ``path``: KerasHub's adapters file (what
+    ``load_lora_weights`` reads), and in it the other trainable weights (OTHERS_GROUP), which it leaves out."""
+    import h5py
+    import numpy as np
+
+    model.backbone.save_lora_weights(path)
+    others = [w for w in model.trainable_weights if not w.path.rsplit("/", 1)[-1].startswith("lora_kernel")]
+    with h5py.File(path, "a") as f:
+        group = f.create_group(OTHERS_GROUP)
+        for index, weight in enumerate(others):
+            group.create_dataset(str(index), data=np.asarray(weight.numpy(), np.float32)).attrs["path"] = weight.path
+
+
+def _read_others(model, path):
+    """Assign ``model`` the trainable weights write_adapters kept beside the adapters in ``path`` (none in a
+    file KerasHub wrote)."""
+    import h5py
+
+    by_path = {weight.path: weight for weight in model.weights}
+    with h5py.File(path, "r") as f:
+        for data in f.get(OTHERS_GROUP, {}).values():
+            weight = by_path[data.attrs["path"]]
+            weight.assign(data[()].astype(weight.dtype))
 
 
 def task_of(path, task=None):
