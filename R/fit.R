@@ -145,7 +145,9 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
 #' saved with its preprocessor (`features = "text"`; a causal LM needs no label).
 #'
 #' @param path A KerasHub preset directory every executor can read (a path on each host, or a file system
-#'   TensorFlow reads: HDFS, S3). A preset no executor can read is refused with the path and the host.
+#'   TensorFlow reads: HDFS, S3), or a handle each training process downloads into its host's cache
+#'   (`"hf://org/model"`, `"kaggle://org/model/keras/variant/1"`, a built-in name). A preset no executor can
+#'   read, or download, is refused with the path and the host.
 #' @param lora_rank The LoRA adapters' rank, or `NULL` for none (the whole model trains and comes back).
 #' @param prepare `NULL`, or a Python function of the loaded model (through reticulate) called in each training
 #'   process before training, e.g. to compile it with your optimizer; without it the task keeps KerasHub's compile.

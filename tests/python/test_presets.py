@@ -3,12 +3,13 @@ loads it, enables the LoRA adapters, and only they come back."""
 
 import gc
 import os
+import re
 
 import keras
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import partitioned
+from conftest import partitioned, run_driver
 from test_sequence_labels import GLOBAL_BATCH, ROWS_PER_WORKER as ROWS, causal_lm, frame_of, in_global_batches, \
     sequences
 from test_tracking import tracking_to
@@ -253,3 +254,17 @@ def test_a_training_process_counts_what_a_presets_steps_keep_from_its_shards_wid
     assert size.native and size.kept is not None and size.kept[0] > 0
     untraced = memory.ModelSize.of(loaded, native=True)
     assert size.worker_bytes(32) - untraced.worker_bytes(32) >= 32 * size.kept[0]
+
+
+def test_a_preset_named_by_its_hugging_face_handle_is_downloaded_by_each_training_process():
+    """hf:// handles reach the training processes as they are: each resolves it through KerasHub into its host's
+    cache (here filled by the driver program, the hub offline), and fits as from the same preset's directory; a
+    handle no executor can download is refused naming it and the host. (Before: "cannot be read on <host>".)"""
+    report = run_driver("hub_presets.py")
+    handle, directory = report["handle"], report["directory"]
+    assert handle["preset"].startswith("hf://") and not directory["preset"].startswith("hf://")
+    np.testing.assert_allclose(handle["loss"], directory["loss"], rtol=1e-6)
+    for by_handle, by_directory in zip(handle["adapters"], directory["adapters"]):
+        np.testing.assert_allclose(by_handle, by_directory, rtol=1e-6)
+    assert re.search(r"the preset 'hf://tfbarrier-tests/not_cached' cannot be downloaded on \S+ .*: every executor "
+                     r"must reach its hub or find it in its cache", report["missing"]), report["missing"]

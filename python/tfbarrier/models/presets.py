@@ -10,6 +10,7 @@ archive, the whole model.
 Nothing here imports TensorFlow or Keras at module import time.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -21,6 +22,7 @@ import cloudpickle
 from tfbarrier.errors import InvalidArgumentError, ModelError
 from tfbarrier.spark.job import pickle_user_code
 
+HUB_SCHEMES = ("hf", "kaggle", "modelscope")  # handles KerasHub downloads: hf://org/model, kaggle://org/model/keras/v/1
 TASK_FILE = "task.json"  # KerasHub's: the task's class and config, written by save_to_preset
 PREPROCESSOR_FILE = "preprocessor.json"  # KerasHub's too: the task's preprocessor, when it has one
 PREPARE_FILE = "prepare.pkl"  # the user's prepare(model), cloudpickled
@@ -42,13 +44,16 @@ class Preset:
 
 
 def preset(path, lora_rank=None, prepare=None):
-    """A KerasHub preset for ``fit``'s ``model=``, loaded by the training processes, never by the driver.
+    """A KerasHub preset for ``fit``'s ``model=``, loaded by the training processes, never by the driver: ``path``, a
+    directory every executor reads, or a handle each downloads into its host's cache (``hf://org/model``,
+    ``kaggle://...``, a built-in name).
     ``lora_rank``: enable LoRA adapters of that rank on the task's backbone (only they train and come back);
     ``prepare``: a function of the loaded model, called in each training process before training (e.g.
     ``lambda m: m.compile(optimizer=keras.optimizers.Adam(5e-5))``); without it the task keeps the compile
     KerasHub gave it."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise InvalidArgumentError(f"preset must be the path of a KerasHub preset directory, got {path!r}")
+        raise InvalidArgumentError(f"preset must be the path of a KerasHub preset directory or a handle "
+                                   f"(hf://org/model), got {path!r}")
     if lora_rank is not None and (isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1):
         raise InvalidArgumentError(f"lora_rank must be a positive integer (or None: no adapters), got {lora_rank!r}")
     if prepare is not None and not callable(prepare):
@@ -109,7 +114,8 @@ class PresetModel:
     # ---- in the training process ----
     def build(self, workdir):
         """The task loaded from the preset, its adapters enabled, ``prepare`` called; compiled."""
-        loaded = task_of(self.path, self.task).from_preset(self.path)
+        with _downloading(self.path):
+            loaded = task_of(self.path, self.task).from_preset(self.path)
         if self.lora_rank:
             loaded.backbone.enable_lora(self.lora_rank)
         if self.prepare is not None:
@@ -173,7 +179,8 @@ class LoraAdapters:
 def task_with_adapters(preset, task, rank, adapters_file=None):
     """The task of ``preset`` (its registered class name ``task``, None: read from the preset) with LoRA adapters
     of ``rank`` enabled and read from ``adapters_file``; None: with no file, nor the preset's weights read."""
-    model = task_of(preset, task).from_preset(preset, load_weights=adapters_file is not None)
+    with _downloading(preset):
+        model = task_of(preset, task).from_preset(preset, load_weights=adapters_file is not None)
     model.backbone.enable_lora(rank)
     if adapters_file is not None:
         model.backbone.load_lora_weights(adapters_file)
@@ -213,6 +220,14 @@ def task_of(path, task=None):
     import keras
     import keras_hub  # noqa: F401 - registers the tasks' classes
 
+    if on_hub(path):
+        if task is None:
+            # KerasHub's own resolver of handles (built-in names too), into this host's cache of that hub
+            from keras_hub.src.utils.preset_utils import get_file
+
+            with open(get_file(path, TASK_FILE)) as f:
+                task = json.load(f)["registered_name"]
+        return keras.saving.get_registered_object(task)
     if not _readable(os.path.join(path, TASK_FILE)):
         raise ModelError(f"the preset {path!r} cannot be read on {socket.gethostname()}: every executor "
                          "must see it (a path on each host, or a file system TensorFlow reads: HDFS, S3)")
@@ -221,6 +236,30 @@ def task_of(path, task=None):
 
         task = json.loads(tf.io.gfile.GFile(os.path.join(path, TASK_FILE)).read())["registered_name"]
     return keras.saving.get_registered_object(task)
+
+
+def on_hub(path):
+    """Whether ``path`` is a handle KerasHub downloads (``hf://``, ``kaggle://``, ``modelscope://``, or a built-in
+    preset's name: no directory separator, and no such directory here) rather than a directory to read."""
+    if "://" in path:
+        return path.split("://", 1)[0].lower() in HUB_SCHEMES
+    return os.sep not in path and not os.path.exists(path)
+
+
+@contextlib.contextmanager
+def _downloading(path):
+    """A hub handle's failed download (no network, not in the cache, gated, no such preset), in words that name the
+    handle, the host and the fix."""
+    try:
+        yield
+    except ModelError:
+        raise
+    except Exception as exc:  # noqa: B902 - every hub client raises its own
+        if not on_hub(path):
+            raise
+        raise ModelError(f"the preset {path!r} cannot be downloaded on {socket.gethostname()} ({type(exc).__name__}: "
+                         f"{exc}): every executor must reach its hub or find it in its cache (HF_HUB_CACHE, "
+                         "KAGGLEHUB_CACHE), or give a directory every executor reads") from exc
 
 
 def _size_of_files(chosen):
