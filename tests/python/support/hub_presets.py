@@ -4,6 +4,7 @@ program (huggingface_hub's layout: refs/main names a snapshot) and the hub is of
 cluster whose executors share a cache. Its own Spark, started after the cache's settings so that the executors
 have them. Prints one JSON line."""
 
+import atexit
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from test_presets import compile_for_test
 import tfbarrier
 
 root = tempfile.mkdtemp(prefix="tfbarrier-hub-")
+atexit.register(shutil.rmtree, root, True)  # however the program ends
 os.environ.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=os.path.join(root, "hf"))
 HANDLE, REPO = "hf://tfbarrier-tests/tiny_gpt2", "models--tfbarrier-tests--tiny_gpt2"
 directory = os.path.join(root, "preset")
@@ -43,4 +45,3 @@ except Exception as exc:  # noqa: B902 - what the user sees
     report["missing"] = f"{type(exc).__name__}: {exc}"
 print("RESULT " + json.dumps(report), flush=True)
 spark.stop()
-shutil.rmtree(root)
