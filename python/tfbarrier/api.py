@@ -34,8 +34,8 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         each task reads its Spark partition's files when the scan has ``num_workers`` partitions,
         else a contiguous, even share of the rows (README, "Large data and images").
     model : Keras model, callable or preset
-        A compiled Keras model (Keras 3 or tf_keras), a function of no arguments that builds and compiles
-        one with ``tf.keras``, or a KerasHub preset the training processes load (``tfbarrier.preset``).
+        A compiled Keras model (Keras 3 or tf_keras), a function of no arguments that builds and compiles one
+        in each training process (``keras`` or ``tf.keras``), or a KerasHub preset (``tfbarrier.preset``).
     features : str, list of str or dict
         One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, one
         binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s
@@ -119,7 +119,7 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
     save_to : str, optional
         A directory every worker can reach (a shared file system; any local path in local mode). After
         each epoch the chief writes the model there as a ``.keras`` archive the model's own Keras loads
-        (``keras.saving.load_model``, or tf_keras's for a model function), ``epoch-001.keras`` and so on,
+        (``keras.saving.load_model``; a model function's in the Keras it built), ``epoch-001.keras`` and so on,
         with ``saved.json`` listing them and each epoch's metrics: a long fit leaves usable models even
         if the driver dies. ``FitResult.saved`` lists them. A preset's are ``from_preset`` directories.
     save_best : str, optional

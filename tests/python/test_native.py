@@ -11,7 +11,7 @@ from conftest import partitioned
 from keras import ops
 
 import tfbarrier
-from tfbarrier.errors import InvalidArgumentError
+from tfbarrier.errors import InvalidArgumentError, ModelError
 
 ROWS_PER_WORKER = 96
 GLOBAL_BATCH = 32
@@ -117,6 +117,32 @@ def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, b
     saved = keras.saving.load_model(tmp_path / "epoch-002.keras", custom_objects=OWN_OBJECTS)
     for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
         np.testing.assert_array_equal(trained, kept)
+
+
+def line_model():
+    """A model function in Keras 3: fit(df, line_model) has each training process build it."""
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return model
+
+
+def test_a_function_that_builds_a_keras3_model_trains_it_natively_as_one_process_would(spark, line_df, tmp_path):
+    # (Before: "the model function built a Keras 3 model; inside tfbarrier workers build it with tf.keras".)
+    result = tfbarrier.fit(line_df, line_model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False, seed=11, save_to=str(tmp_path))
+
+    keras.utils.set_random_seed(11)  # as each training process, before it calls the function
+    reference = line_model()
+    model = copy_of(reference)
+    history = one_process(reference, epochs=2)
+    assert keras_flavor_of(result.model) == "keras3"
+    trained_as_one_process(result, model, reference, history)
+    saved = keras.saving.load_model(tmp_path / "epoch-002.keras")
+    for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(trained, kept)
+    with pytest.raises(ModelError, match="built a Keras 3 model, which MultiWorkerMirroredStrategy cannot train"):
+        tfbarrier.fit(line_df, line_model, features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH, num_workers=2,
+                      exchange="strategy", max_retries=0)
 
 
 def one_process(model, epochs, **fit_args):

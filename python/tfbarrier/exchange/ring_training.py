@@ -38,7 +38,7 @@ from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBa
 from tfbarrier.fitting import evaluation, optimizers, pacing, training
 from tfbarrier.fitting.checkpoints import resume_point, start_of
 from tfbarrier.models import memory
-from tfbarrier.models.model_spec import write_weights
+from tfbarrier.models.model_spec import keras_flavor, write_weights
 from tfbarrier.models.native_model import input_shape_of
 from tfbarrier.results import FitOutput, ProcessReport
 
@@ -53,7 +53,7 @@ def train(job, config, channel):
     ring = _join(job, config, index)
     try:
         flavor, exchanged = Keras3() if getattr(job.model, "native", False) else TfKeras(), set()
-        model, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged, shard.width)
+        model, flavor, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged, shard.width)
         # unknown (a subclassed model): the rows' width, or each named input's (stored_forms.NamedRows)
         input_shape = flavor.input_shape(job, model) or (None if isinstance(shard.width, dict) else (shard.width,))
         job.layout.check_input(input_shape, shard.width)
@@ -112,8 +112,8 @@ class Keras3:
     def seed(self, seed):
         self.keras.utils.set_random_seed(seed)
 
-    def build(self, job, workdir):
-        model = job.model.build(workdir)
+    def prepared(self, model):
+        """``model`` (built by its spec) ready to train: its optimizer's slots made, its updates fused."""
         if not model.optimizer.built:  # its slots now, for a checkpoint to restore into
             model.optimizer.build(model.trainable_variables)
         optimizers.fuse_keras3_updates(model.optimizer)
@@ -167,9 +167,10 @@ class TfKeras(Keras3):
 
     def seed(self, seed):
         tf_keras.utils.set_random_seed(seed)
+        if "keras" in sys.modules:  # a model function may build a Keras 3 model (preloaded for one: FitJob)
+            sys.modules["keras"].utils.set_random_seed(seed)
 
-    def build(self, job, workdir):
-        model = job.model.build(workdir)
+    def prepared(self, model):
         optimizers.build(model, None)
         optimizers.fuse_updates(model)
         return model
@@ -271,11 +272,14 @@ def _the_rings_own_failure(ring):
 def _model(job, workdir, ring, config, flavor, exchanged, widths):
     """The user's model, compiled as they compiled it, its gradients and metrics crossing ``ring`` (the
     variables whose gradients cross, added to ``exchanged`` as the step is traced); the memory checked once
-    it is set up. Returns (model, {tensorflow_mb, baseline_mb}, how the gradients travel)."""
+    it is set up. Returns (model, the flavor that trains it, {tensorflow_mb, baseline_mb}, how the gradients travel)."""
     if job.seed is not None:
         flavor.seed(job.seed)
     tensorflow_mb, _ = training.resident_mb()
-    model = flavor.build(job, workdir)
+    model = job.model.build(workdir)
+    if type(flavor) is TfKeras and keras_flavor(model) == "keras3":  # a model function's Keras 3 model: native
+        flavor = Keras3()
+    model = flavor.prepared(model)
     drawn = job.model.drawn_by_each_worker(model)
     if drawn:  # the chief's values to every worker (the strategy gives every variable worker 0's initial value)
         ring.broadcast_variables(drawn)
@@ -286,4 +290,4 @@ def _model(job, workdir, ring, config, flavor, exchanged, widths):
     if job.memory_check:
         memory.check_on_host(memory.ModelSize.of_trained(model, job, widths), job.batch_size // ring.size,
                              config["workers_on_host"], int((baseline_mb - tensorflow_mb) * 2**20))
-    return model, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}, sent
+    return model, flavor, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}, sent

@@ -123,8 +123,8 @@ class FitJob(Job):
         return self.exchange.tensorflow_server
 
     @property
-    def imports_keras3(self):
-        return getattr(self.model, "native", False)
+    def imports_keras3(self):  # a model function's too: it may build a Keras 3 model (ring_training)
+        return getattr(self.model, "native", False) or (self.model.flavor == "function" and not self.tensorflow_server)
 
     def execute(self, tf, config, channel):
         return self.exchange.train(self, config, channel)  # imports TensorFlow: only training processes call it

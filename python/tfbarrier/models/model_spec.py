@@ -24,6 +24,7 @@ import json
 import os
 import struct
 import tempfile
+import zipfile
 
 import cloudpickle
 import numpy as np
@@ -66,6 +67,13 @@ def keras_module(flavor):
     import keras
 
     return keras
+
+
+def _archive_flavor(path):
+    """The Keras that wrote the ``.keras`` archive at ``path``: "keras3" or "tf_keras" (its metadata's version)."""
+    with zipfile.ZipFile(path) as archive:
+        version = json.loads(archive.read("metadata.json"))["keras_version"]
+    return "keras3" if int(version.split(".")[0]) >= 3 else "tf_keras"
 
 
 def save_archive(model):
@@ -332,10 +340,10 @@ class ModelSpec:
 
     def trained_model(self, original, path):
         """The trained model on the driver from the chief's file at ``path``: a clone of ``original``
-        with the trained weights (same Keras as the user's), or the tf_keras model of the chief's
-        archive (a model function)."""
-        if self.flavor == "function":
-            return keras_module("tf_keras").models.load_model(path)
+        with the trained weights (same Keras as the user's), or the model of the chief's archive (a model
+        function's, in the Keras it built it with)."""
+        if self.flavor == "function":  # the archive of what it built: tf_keras's, or Keras 3's
+            return keras_module(_archive_flavor(path)).models.load_model(path)
         keras = keras_module(self.flavor)
         model = keras.models.clone_model(original, clone_function=_with_zeros)
         read_weights(path, model.weights, lambda variable: [tf_variable(variable)])
@@ -359,12 +367,12 @@ class ModelSpec:
                 model = cloudpickle.load(f)()
             if getattr(model, "optimizer", None) is None:
                 raise ModelError("the model function returned an uncompiled model: compile it before returning")
-            if keras_flavor(model) != "tf_keras":
+            if strategy is not None and keras_flavor(model) != "tf_keras":
                 raise ModelError(
-                    "the model function built a Keras 3 model; inside tfbarrier workers build it with "
-                    "tf.keras (tf_keras), e.g. `import tensorflow as tf; tf.keras.Sequential(...)`"
-                )
-            return model
+                    "the model function built a Keras 3 model, which MultiWorkerMirroredStrategy cannot train "
+                    "(exchange=\"strategy\"): leave exchange= at its default (tfbarrier's ring trains it natively), "
+                    "or build it with tf.keras (tf_keras)")
+            return model  # a Keras 3 one trains natively over the ring (ring_training)
         local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
         with communication.initial_values_local(strategy):  # every worker reads the same weights next
             # Zeros, not the layers' initializers: read_weights overwrites every weight, and a random
