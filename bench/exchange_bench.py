@@ -25,7 +25,7 @@ BEFORE = "ring-before"  # --baseline-ref's ring
 TLS_FILE_ENV = "TFBARRIER_BENCH_TLS"  # the pickled job_tls.Credentials both ring-tls ranks use
 
 
-def ring_worker(rank, ports, sizes, reps, tls=None):
+def ring_worker(rank, ports, sizes, reps, tls=None, gather=True):
     import numpy as np
 
     from tfbarrier.exchange.ring import Ring
@@ -38,7 +38,7 @@ def ring_worker(rank, ports, sizes, reps, tls=None):
     seconds = {}
     for size in sizes:
         buffer = np.ones(size, dtype=np.float32)
-        for name, exchange in (("", ring.all_reduce_sum), ("gather ", ring.all_gather)):
+        for name, exchange in (("", ring.all_reduce_sum), ("gather ", ring.all_gather))[:2 if gather else 1]:
             exchange(buffer)  # warm-up
             started = time.perf_counter()
             for _ in range(reps):
@@ -73,15 +73,16 @@ def tf_worker(rank, ports, sizes, reps):
     return seconds
 
 
-def launch(kind, sizes, reps, source=None):
-    """Two processes of ``kind`` (with ``source``, an older revision's sources, first on their path);
-    {size, or "gather SIZE": the slower rank's seconds per all-reduce, or all-gather}."""
-    ports = harness.free_ports(2)
+def launch(kind, sizes, reps, source=None, ranks=2):
+    """``ranks`` processes of ``kind`` (with ``source``, an older revision's sources, first on their path);
+    {size, or "gather SIZE": the slowest rank's seconds per all-reduce, or all-gather}. "ring-reduce": the
+    ring's all-reduce alone."""
+    ports = harness.free_ports(ranks)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if source:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     procs = [subprocess.Popen([sys.executable, HERE, "--worker", kind, str(rank), json.dumps(ports), json.dumps(sizes),
-                               str(reps)], stdout=subprocess.PIPE, text=True, env=env) for rank in range(2)]
+                               str(reps)], stdout=subprocess.PIPE, text=True, env=env) for rank in range(ranks)]
     outs = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]
     return {key: max(out[key] for out in outs) for key in outs[0]}
 
@@ -144,7 +145,7 @@ if __name__ == "__main__":
             with open(os.environ[TLS_FILE_ENV], "rb") as f:
                 seconds = ring_worker(rank, ports, sizes, reps, pickle.load(f))
         else:
-            seconds = ring_worker(rank, ports, sizes, reps)
+            seconds = ring_worker(rank, ports, sizes, reps, gather=kind != "ring-reduce")
         print(json.dumps(seconds), flush=True)
     else:
         main()
