@@ -14,7 +14,11 @@ B/n bytes a step and adding the n-1 chunks it receives in the first half, after 
   s = 1 and beta takes the link's time per byte too.
 
 alpha, beta and gamma are fitted (least squares on relative error) to the 2-rank times alone; the 4-, 8- and
-16-rank times test the model.
+16-rank times test the model. Then the model projects the all-reduce on a cluster, one rank per machine (s = 1),
+each step's bytes also crossing a link of the given rate: for gradient payloads of the slides' CNN (1.39 MB), the
+61 M-parameter MLP (244 MB in float32) and the adapters of a 1.1 B-parameter LoRA fine-tune (24.8 MB,
+bench/preset_bench.py --size 1b), at 8, 64 and 512 ranks; the part of it that is the steps' fixed cost (alpha)
+says where a flat ring stops scaling.
 
     .venv/bin/python bench/ring_model_bench.py [--ranks 2 4 8 16] [--kb 0.004 64 1024 16384] [--rounds 3]
 """
@@ -44,6 +48,26 @@ def fit(points, cores):
     return tuple(float(max(v, 0.0)) for v in solution)
 
 
+PAYLOADS = {"slides' CNN": 1.39e6, "61 M MLP": 244e6, "1.1 B LoRA adapters": 24.8e6}  # bytes an all-reduce
+LINKS_GBIT = (1, 10, 100)
+CLUSTER_RANKS = (8, 64, 512)
+
+
+def projection(alpha, beta, gamma):
+    """Lines of a table: the model's all-reduce on a cluster (a rank per machine), ms and alpha's share, per
+    payload, link and number of ranks."""
+    lines = ["| payload | ranks | " + " | ".join(f"{g} Gbit/s: ms (alpha's share)" for g in LINKS_GBIT) + " |",
+             "|---|---|" + "---|" * len(LINKS_GBIT)]
+    for name, size in PAYLOADS.items():
+        for n in CLUSTER_RANKS:
+            cells = []
+            for gbit in LINKS_GBIT:
+                total = model(n, size, alpha, beta + 8 / (gbit * 1e9), gamma, cores=n)
+                cells.append(f"{total * 1000:,.1f} ({2 * (n - 1) * alpha / total:.0%})")
+            lines.append(f"| {name} | {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -65,6 +89,8 @@ def main():
         predicted = model(n, size_bytes, alpha, beta, gamma, cores)
         lines.append(f"| {n} | {size_bytes:,} | {seconds * 1000:,.2f} | {predicted * 1000:,.2f} | "
                      f"{seconds / predicted:.2f} |")
+    lines += ["", "Projected, one rank per machine (s = 1), each step's bytes also crossing the link (8 / rate a byte):",
+              "", *projection(alpha, beta, gamma)]
     body = ("## The ring at 2 to 16 ranks against its model\n\n"
             f"`{' '.join(['.venv/bin/python bench/ring_model_bench.py', *sys.argv[1:]])}`: n processes on loopback "
             f"joined in tfbarrier's ring, {args.reps} all-reduces per size after a warm-up, {args.rounds} rounds "
