@@ -393,6 +393,30 @@ def test_a_stop_on_one_worker_stops_every_worker_after_the_same_step(spark, line
     assert len(result.history["loss"]) == 1 and result.stopped_epoch == 0
 
 
+class AfterEachCall(keras.callbacks.Callback):
+    """A batch-end hook that never stops the training, but could."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
+def test_the_workers_agree_on_a_stop_after_every_call_only_when_a_callback_could_stop_there(spark, line_df):
+    sent = {}
+    for name, callbacks in (("plain", None), ("hooked", lambda: [AfterEachCall()])):
+        result = tfbarrier.fit(line_df, gated_model(), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH,
+                               num_workers=2, verbose=0, seed=3, callbacks=callbacks)
+        sent[name] = [w["communication"]["bytes_sent"] for w in result.workers]
+    steps = result.workers[0]["steps"]
+    # Each call of the hooked fit sums one stop flag more: a float64 split in 2 chunks, sent in 2 steps of the ring,
+    # each with its 8-byte sequence number. (Before, the plain fit exchanged it after every call too.)
+    assert [hooked - plain for hooked, plain in zip(sent["hooked"], sent["plain"])] == [steps * (2 * 8 + 8)] * 2
+    from tfbarrier.exchange.ring_hooks import stops_after_a_call
+
+    assert stops_after_a_call(keras.callbacks.TerminateOnNaN()) and stops_after_a_call(AfterEachCall())
+    assert not stops_after_a_call(keras.callbacks.EarlyStopping()) and not stops_after_a_call(keras.callbacks.History())
+    assert not stops_after_a_call(keras.callbacks.TensorBoard())  # a batch-end hook, the chief's alone: never stops
+
+
 @keras.saving.register_keras_serializable(package="tfbarrier_tests")
 class TwoOptimizers(TwoLayers):
     """A custom train_step that updates its second layer through an optimizer of its own, not model.optimizer:

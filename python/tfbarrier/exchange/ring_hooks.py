@@ -165,20 +165,49 @@ class AverageState(tf_keras.callbacks.Callback):
         average_moving_statistics(self.ring, self.model)
 
 
+# Keras's (and tf_keras's) callbacks with batch-end hooks that never stop the training
+KERAS_NEVER_STOP = frozenset({"TensorBoard", "ModelCheckpoint", "BackupAndRestore", "CSVLogger", "ProgbarLogger",
+                              "History", "RemoteMonitor"})
+
+
 class StopTogether(tf_keras.callbacks.Callback):
     """Last of the callbacks: when any worker's callbacks stopped the training (TerminateOnNaN on its own
-    batch's loss, a time budget), every worker stops after the same call, so the ring stays in step."""
+    batch's loss, a time budget), every worker stops after the same call, so the ring stays in step. They agree
+    after every call only when one of ``callbacks`` can stop the training there (``stops_after_a_call``); else at
+    each epoch's end alone, and a call costs one exchange fewer (the same on every worker: they run the same
+    callbacks)."""
 
-    def __init__(self, ring):
+    def __init__(self, ring, callbacks):
         super().__init__()
         self.ring = ring
+        self.could_stop = any(map(stops_after_a_call, callbacks))
+        self.every_call = True
+
+    def on_train_begin(self, logs=None):
+        # agreed, as some callbacks are the chief's alone (TensorBoard) and a user's may differ by worker
+        self.every_call = bool(self.ring.all_reduce_sum(np.array([float(self.could_stop)]))[0])
 
     def _agree(self):
         if self.ring.all_reduce_sum(np.array([float(bool(self.model.stop_training))]))[0]:
             self.model.stop_training = True
 
     def on_train_batch_end(self, batch, logs=None):
-        self._agree()
+        if self.every_call:
+            self._agree()
 
     def on_epoch_end(self, epoch, logs=None):
         self._agree()
+
+
+def stops_after_a_call(callback):
+    """Whether ``callback`` can stop the training after a call: it has a batch-end hook of its own (TerminateOnNaN,
+    a user's) and is neither tfbarrier's nor one of Keras's that never stop (KERAS_NEVER_STOP)."""
+    kind = type(callback)
+    if kind.__module__.startswith("tfbarrier.") or (kind.__module__.startswith(("keras.", "tf_keras."))
+                                                     and kind.__name__ in KERAS_NEVER_STOP):
+        return False
+    for hook in ("on_train_batch_end", "on_batch_end"):
+        owner = next(cls for cls in type(callback).__mro__ if hook in vars(cls))
+        if owner.__name__ != "Callback":  # not Keras's (or tf_keras's) base class, which does nothing
+            return True
+    return False

@@ -72,7 +72,7 @@ def train(job, config, channel):
         # first: a call's logs global, the moving statistics (BatchNormalization's) averaged before validation;
         # last: a stop agreed
         callbacks = [GlobalBatchLogs(ring), ExchangedOnly(ring, exchanged), AverageState(ring), *callbacks,
-                     StopTogether(ring)]
+                     StopTogether(ring, callbacks)]
         started = time.time()
         try:
             _fits(job, model, flavor, shard, (input_shape, context, index, ring), resume, steps_per_epoch, callbacks,
