@@ -36,7 +36,9 @@ TRAINING_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
 # slides' CNN spent as much time in the kernel as in TensorFlow, bench/README.md "Speed without oneDNN").
 # With oneDNN, its own pool keeps them.
 CPU_POOL_ENV = "TF_CPU_ALLOCATOR_USE_BFC"
-TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+# HDF5_PLUGIN_PATH=disable: what TensorFlow's own Keras sets on import (no HDF5 plugins loaded from a default
+# path, ZDI-CAN-25480), set in every training process unless the user chose a path.
+TRAINING_ENV_DEFAULTS = {"TF_CPP_MIN_LOG_LEVEL": "2", "HDF5_PLUGIN_PATH": "disable"}
 TF_CONFIG_ENV = "TF_CONFIG"  # the TensorFlow cluster, set by the training process before the strategy
 KERAS3_PRELOAD_ENV = "TFBARRIER_PRELOAD_KERAS3"  # "1": a training process imports Keras 3 with TensorFlow
 GPUS_ENV = "CUDA_VISIBLE_DEVICES"  # the GPUs of one training process (gpus.py)
@@ -45,13 +47,12 @@ MODEL_LOAD_LOG_ENV = "TFBARRIER_MODEL_LOAD_LOG"  # test hook: a file every predi
 WORKON_HOME_ENV = "WORKON_HOME"  # where built environments live by default (environment.py)
 # Not inherited by a training process from its Spark Python worker: the task sets its own.
 TASK_ENV = (TF_CONFIG_ENV, GPUS_ENV, ATTEMPT_ENV)
-# What importing TensorFlow (and scikit-learn or joblib) writes into its own process's environment: a
-# Python worker that ran predict() has them, one that only ran fit() has not. Left out of the training
-# environment when they hold these values (None: any), so a keeper serves both (the training process's
-# own imports set them again); a value the user chose is kept.
+# What importing TensorFlow writes into its own process's environment: a Python worker that ran predict() has
+# them, one that only ran fit() has not. Left out of the training environment when they hold these values
+# (None: any; TensorFlow's version, which nobody sets), so a keeper serves both: the training process's own
+# import of TensorFlow sets them again (HDF5_PLUGIN_PATH: TRAINING_ENV_DEFAULTS does).
 IMPORT_SET_ENV = {"TF2_BEHAVIOR": "1", "ENABLE_RUNTIME_UPTIME_TELEMETRY": "1", "TPU_ML_PLATFORM": "Tensorflow",
-                  "TPU_ML_PLATFORM_VERSION": None, "HDF5_PLUGIN_PATH": "disable", "KMP_DUPLICATE_LIB_OK": "True",
-                  "KMP_INIT_AT_FORK": "FALSE"}
+                  "TPU_ML_PLATFORM_VERSION": None, "HDF5_PLUGIN_PATH": "disable"}
 
 # ---- timeouts, seconds ---------------------------------------------------------------------------
 STALL_TIMEOUT = 300.0  # fit()'s default: a training process silent this long past its first step is declared stuck

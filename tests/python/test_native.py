@@ -415,6 +415,11 @@ def test_the_workers_agree_on_a_stop_after_every_call_only_when_a_callback_could
     assert stops_after_a_call(keras.callbacks.TerminateOnNaN()) and stops_after_a_call(AfterEachCall())
     assert not stops_after_a_call(keras.callbacks.EarlyStopping()) and not stops_after_a_call(keras.callbacks.History())
     assert not stops_after_a_call(keras.callbacks.TensorBoard())  # a batch-end hook, the chief's alone: never stops
+    import tf_keras
+
+    assert not stops_after_a_call(tf_keras.callbacks.TensorBoard()) and stops_after_a_call(tf_keras.callbacks.TerminateOnNaN())
+    assert stops_after_a_call(keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: None))
+    assert not stops_after_a_call(keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None))
 
 
 @keras.saving.register_keras_serializable(package="tfbarrier_tests")

@@ -266,5 +266,5 @@ def test_a_preset_named_by_its_hugging_face_handle_is_downloaded_by_each_trainin
     np.testing.assert_allclose(handle["loss"], directory["loss"], rtol=1e-6)
     for by_handle, by_directory in zip(handle["adapters"], directory["adapters"]):
         np.testing.assert_allclose(by_handle, by_directory, rtol=1e-6)
-    assert re.search(r"the preset 'hf://tfbarrier-tests/not_cached' cannot be downloaded on \S+ .*: every executor "
+    assert re.search(r"the preset 'hf://tfbarrier-tests/not_cached' cannot be downloaded or loaded on \S+ .*: every executor "
                      r"must reach its hub or find it in its cache", report["missing"]), report["missing"]

@@ -165,7 +165,10 @@ class AverageState(tf_keras.callbacks.Callback):
         average_moving_statistics(self.ring, self.model)
 
 
-# Keras's (and tf_keras's) callbacks with batch-end hooks that never stop the training
+# The hooks after which Keras's fit looks at stop_training within an epoch (a stop set in any of them ends it
+# after that call's batch end)
+MID_EPOCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end", "on_epoch_begin")
+# Keras's (and tf_keras's) callbacks with hooks there that never stop the training
 KERAS_NEVER_STOP = frozenset({"TensorBoard", "ModelCheckpoint", "BackupAndRestore", "CSVLogger", "ProgbarLogger",
                               "History", "RemoteMonitor"})
 
@@ -200,14 +203,19 @@ class StopTogether(tf_keras.callbacks.Callback):
 
 
 def stops_after_a_call(callback):
-    """Whether ``callback`` can stop the training after a call: it has a batch-end hook of its own (TerminateOnNaN,
-    a user's) and is neither tfbarrier's nor one of Keras's that never stop (KERAS_NEVER_STOP)."""
+    """Whether ``callback`` can stop the training in an epoch: it has a hook of its own that runs there
+    (MID_EPOCH_HOOKS: TerminateOnNaN's, a user's, a LambdaCallback's given one) and is neither tfbarrier's nor one
+    of Keras's that never stop (KERAS_NEVER_STOP)."""
     kind = type(callback)
     if kind.__module__.startswith("tfbarrier.") or (kind.__module__.startswith(("keras.", "tf_keras."))
                                                      and kind.__name__ in KERAS_NEVER_STOP):
         return False
-    for hook in ("on_train_batch_end", "on_batch_end"):
-        owner = next(cls for cls in type(callback).__mro__ if hook in vars(cls))
-        if owner.__name__ != "Callback":  # not Keras's (or tf_keras's) base class, which does nothing
+    import keras
+
+    bases = (keras.callbacks.Callback, tf_keras.callbacks.Callback)  # whose hooks do nothing
+    for hook in MID_EPOCH_HOOKS:
+        if callable(vars(callback).get(hook)):  # LambdaCallback keeps the functions it was given on itself
+            return True
+        if next(cls for cls in kind.__mro__ if hook in vars(cls)) not in bases:
             return True
     return False

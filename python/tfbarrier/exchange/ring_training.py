@@ -31,6 +31,7 @@ import tf_keras
 
 from tfbarrier import settings
 from tfbarrier.data import shards, text
+from tfbarrier.errors import ModelError
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_checkpoints import RingCheckpoints, fit_plan
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
@@ -211,6 +212,9 @@ def _preprocessed(job, model, shard, saver):
     if not job.layout.takes_text:
         return shard
     preprocessing = text.Preprocessing(text.take_off(model), labelled=job.layout.label is not None)
+    if preprocessing.preprocessor is None:  # a preset the driver could not look into (a handle)
+        raise ModelError(f"the feature column {job.layout.features[0]!r} holds strings, but the model has no "
+                         "preprocessor to tokenize them: save the task with its preprocessor, or tokenize the column")
     if saver is not None:
         saver.preprocessor = preprocessing.preprocessor
     return dataclasses.replace(shard, text=preprocessing)

@@ -107,7 +107,8 @@ class ModelSize:
         row, or {input name: values a row})."""
         told = job.model.size  # what the driver told of the model (None: a model function's)
         kept = told and told.kept
-        size = cls.of(model, job.exchange, kept=kept, native=job.model.native, archive=bool(told and told.archive))
+        native = job.model.native or type(model).__module__.startswith("keras")  # a model function's may be Keras 3
+        size = cls.of(model, job.exchange, kept=kept, native=native, archive=bool(told and told.archive))
         if kept is not None or widths is None:
             return size
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))

@@ -369,9 +369,9 @@ class ModelSpec:
                 raise ModelError("the model function returned an uncompiled model: compile it before returning")
             if strategy is not None and keras_flavor(model) != "tf_keras":
                 raise ModelError(
-                    "the model function built a Keras 3 model, which MultiWorkerMirroredStrategy cannot train "
-                    "(exchange=\"strategy\"): leave exchange= at its default (tfbarrier's ring trains it natively), "
-                    "or build it with tf.keras (tf_keras)")
+                    "the model function built a Keras 3 model, which MultiWorkerMirroredStrategy cannot train: pass "
+                    "exchange=\"tfbarrier\" (its ring trains it natively; \"auto\" picks the strategy for several "
+                    "GPUs a worker), or build it with tf.keras (tf_keras)")
             return model  # a Keras 3 one trains natively over the ring (ring_training)
         local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
         with communication.initial_values_local(strategy):  # every worker reads the same weights next

@@ -195,7 +195,7 @@ def write_adapters(model, path):
     import numpy as np
 
     model.backbone.save_lora_weights(path)
-    others = [w for w in model.trainable_weights if not w.path.rsplit("/", 1)[-1].startswith("lora_kernel")]
+    others = [w for w in model.trainable_weights if not w.path.rsplit("/", 1)[-1].startswith("lora_")]
     with h5py.File(path, "a") as f:
         group = f.create_group(OTHERS_GROUP)
         for index, weight in enumerate(others):
@@ -210,8 +210,11 @@ def _read_others(model, path):
     by_path = {weight.path: weight for weight in model.weights}
     with h5py.File(path, "r") as f:
         for data in f.get(OTHERS_GROUP, {}).values():
-            weight = by_path[data.attrs["path"]]
-            weight.assign(data[()].astype(weight.dtype))
+            weight = by_path.get(data.attrs["path"])
+            if weight is None:
+                raise ModelError(f"the adapters file {path!r} holds a trained weight {data.attrs['path']!r} that the "
+                                 "preset's task does not have: load them on the task of the preset they trained on")
+            weight.assign(data[()])
 
 
 def task_of(path, task=None):
@@ -239,11 +242,15 @@ def task_of(path, task=None):
 
 
 def on_hub(path):
-    """Whether ``path`` is a handle KerasHub downloads (``hf://``, ``kaggle://``, ``modelscope://``, or a built-in
-    preset's name: no directory separator, and no such directory here) rather than a directory to read."""
+    """Whether ``path`` is a handle KerasHub downloads (``hf://``, ``kaggle://``, ``modelscope://``, or the name of
+    one of its built-in presets that is no directory here) rather than a directory to read."""
     if "://" in path:
         return path.split("://", 1)[0].lower() in HUB_SCHEMES
-    return os.sep not in path and not os.path.exists(path)
+    if os.sep in path or os.path.exists(path):
+        return False
+    from keras_hub.src.utils.preset_utils import BUILTIN_PRESETS  # KerasHub's own list of them
+
+    return path in BUILTIN_PRESETS
 
 
 @contextlib.contextmanager
@@ -257,9 +264,9 @@ def _downloading(path):
     except Exception as exc:  # noqa: B902 - every hub client raises its own
         if not on_hub(path):
             raise
-        raise ModelError(f"the preset {path!r} cannot be downloaded on {socket.gethostname()} ({type(exc).__name__}: "
-                         f"{exc}): every executor must reach its hub or find it in its cache (HF_HUB_CACHE, "
-                         "KAGGLEHUB_CACHE), or give a directory every executor reads") from exc
+        raise ModelError(f"the preset {path!r} cannot be downloaded or loaded on {socket.gethostname()} "
+                         f"({type(exc).__name__}: {exc}): every executor must reach its hub or find it in its cache "
+                         "(HF_HUB_CACHE, KAGGLEHUB_CACHE), or give a directory every executor reads") from exc
 
 
 def _size_of_files(chosen):
