@@ -47,12 +47,15 @@ MODEL_LOAD_LOG_ENV = "TFBARRIER_MODEL_LOAD_LOG"  # test hook: a file every predi
 WORKON_HOME_ENV = "WORKON_HOME"  # where built environments live by default (environment.py)
 # Not inherited by a training process from its Spark Python worker: the task sets its own.
 TASK_ENV = (TF_CONFIG_ENV, GPUS_ENV, ATTEMPT_ENV)
-# What importing TensorFlow writes into its own process's environment: a Python worker that ran predict() has
-# them, one that only ran fit() has not. Left out of the training environment when they hold these values
-# (None: any; TensorFlow's version, which nobody sets), so a keeper serves both: the training process's own
-# import of TensorFlow sets them again (HDF5_PLUGIN_PATH: TRAINING_ENV_DEFAULTS does).
+# What importing TensorFlow and Keras 3 (and through it scikit-learn's joblib: KMP_*) writes into its own
+# process's environment: a Python worker that ran predict() has them, one that only ran fit() has not. Left out
+# of the training environment when they hold these values (None: any; TensorFlow's version, which nobody sets),
+# so a keeper serves both: the training process's own imports set them again (HDF5_PLUGIN_PATH:
+# TRAINING_ENV_DEFAULTS does; KMP_*, which matter only to Intel's OpenMP, where it imports Keras 3), and a user's
+# own KMP_* of those values is left out with them.
 IMPORT_SET_ENV = {"TF2_BEHAVIOR": "1", "ENABLE_RUNTIME_UPTIME_TELEMETRY": "1", "TPU_ML_PLATFORM": "Tensorflow",
-                  "TPU_ML_PLATFORM_VERSION": None, "HDF5_PLUGIN_PATH": "disable"}
+                  "TPU_ML_PLATFORM_VERSION": None, "HDF5_PLUGIN_PATH": "disable", "KMP_DUPLICATE_LIB_OK": "True",
+                  "KMP_INIT_AT_FORK": "FALSE"}
 
 # ---- timeouts, seconds ---------------------------------------------------------------------------
 STALL_TIMEOUT = 300.0  # fit()'s default: a training process silent this long past its first step is declared stuck

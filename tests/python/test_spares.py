@@ -12,7 +12,6 @@ import time
 import psutil
 from conftest import run_driver, training_processes
 
-from tfbarrier import settings
 from tfbarrier.spark.launcher import importable_home
 
 
@@ -101,11 +100,22 @@ def test_a_keeper_stopped_twice_while_its_relay_stops_a_process_leaves_no_direct
         keeper.kill()
 
 
+IMPORTS_ADD = """
+import os
+before = set(os.environ)
+import tensorflow, keras
+print(*sorted(set(os.environ) - before))
+"""
+
+
 def test_a_fit_after_a_predict_in_the_same_python_workers_is_still_served_warm():
     # Predict imports TensorFlow in Spark's Python workers, which sets TF2_BEHAVIOR and the like in their
     # environment: the next fit's tasks asked for a keeper of another environment, and started cold.
-    # The driver starts without them, as R's does (this process imported TensorFlow).
-    clean = {name: value for name, value in os.environ.items() if name not in settings.IMPORT_SET_ENV}
+    # The driver starts without what those imports add, as R's does (this process imported both).
+    added = subprocess.run([sys.executable, "-c", IMPORTS_ADD], capture_output=True, text=True, timeout=120,
+                           env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")}).stdout.split()
+    assert "TF2_BEHAVIOR" in added, added
+    clean = {name: value for name, value in os.environ.items() if name not in added}
     report = run_driver("warm_after_predict.py", env=clean)
     assert report["scored"] == 1497
     assert report["warm"] == [[False, False], [True, True]]
