@@ -33,6 +33,7 @@ how many workers share the host. ``spark.tfbarrier.memoryCheck=false`` turns bot
 import dataclasses
 import math
 import re
+import sys
 
 from tfbarrier import exchange as exchanges
 from tfbarrier.errors import ModelError
@@ -107,7 +108,8 @@ class ModelSize:
         row, or {input name: values a row})."""
         told = job.model.size  # what the driver told of the model (None: a model function's)
         kept = told and told.kept
-        native = job.model.native or type(model).__module__.startswith("keras")  # a model function's may be Keras 3
+        # a model function's too, when it built one (of a class of its own, whose module is the user's)
+        native = job.model.native or ("keras" in sys.modules and isinstance(model, sys.modules["keras"].Model))
         size = cls.of(model, job.exchange, kept=kept, native=native, archive=bool(told and told.archive))
         if kept is not None or widths is None:
             return size
