@@ -53,8 +53,8 @@ def train(job, config, channel):
     started = time.time()
     ring = _join(job, config, index)
     try:
-        flavor, exchanged = Keras3() if getattr(job.model, "native", False) else TfKeras(), set()
-        model, flavor, memory_mb, sent = _model(job, workdir, ring, config, flavor, exchanged, shard.width)
+        exchanged = set()
+        model, flavor, memory_mb, sent = _model(job, workdir, ring, config, exchanged, shard.width)
         # unknown (a subclassed model): the rows' width, or each named input's (stored_forms.NamedRows)
         input_shape = flavor.input_shape(job, model) or (None if isinstance(shard.width, dict) else (shard.width,))
         job.layout.check_input(input_shape, shard.width)
@@ -110,9 +110,6 @@ class Keras3:
         self.validation = evaluation.Keras3Validation
         self.metrics_reader = "_get_metrics_result_or_logs"  # what Keras 3's fit reads an epoch's results with
 
-    def seed(self, seed):
-        self.keras.utils.set_random_seed(seed)
-
     def prepared(self, model):
         """``model`` (built by its spec) ready to train: its optimizer's slots made, its updates fused."""
         if not model.optimizer.built:  # its slots now, for a checkpoint to restore into
@@ -166,11 +163,6 @@ class TfKeras(Keras3):
         self.validation = lambda dataset, steps, ring, every: evaluation.Validation(dataset, steps, every, ring)
         self.metrics_reader = "_validate_and_get_metrics_result"  # tf_keras's fit's, at an epoch's end
 
-    def seed(self, seed):
-        tf_keras.utils.set_random_seed(seed)
-        if "keras" in sys.modules:  # a model function may build a Keras 3 model (preloaded for one: FitJob)
-            sys.modules["keras"].utils.set_random_seed(seed)
-
     def prepared(self, model):
         optimizers.build(model, None)
         optimizers.fuse_updates(model)
@@ -204,6 +196,16 @@ class TfKeras(Keras3):
 
     def write_trained(self, job, model, workdir, is_chief):
         return training.write_trained(job, model, workdir, is_chief)
+
+
+def _seed(seed, keras3):
+    """Seed both Keras before the model is built (Keras 3's with ``keras3``: the model may be its; seeded last, its
+    seeds of Python, NumPy and TensorFlow are the ones left)."""
+    tf_keras.utils.set_random_seed(seed)
+    if keras3:
+        import keras
+
+        keras.utils.set_random_seed(seed)
 
 
 def _preprocessed(job, model, shard, saver):
@@ -273,16 +275,16 @@ def _the_rings_own_failure(ring):
         raise ring.failure from exc
 
 
-def _model(job, workdir, ring, config, flavor, exchanged, widths):
+def _model(job, workdir, ring, config, exchanged, widths):
     """The user's model, compiled as they compiled it, its gradients and metrics crossing ``ring`` (the
     variables whose gradients cross, added to ``exchanged`` as the step is traced); the memory checked once
     it is set up. Returns (model, the flavor that trains it, {tensorflow_mb, baseline_mb}, how the gradients travel)."""
     if job.seed is not None:
-        flavor.seed(job.seed)
+        _seed(job.seed, job.imports_keras3)
     tensorflow_mb, _ = training.resident_mb()
     model = job.model.build(workdir)
-    if type(flavor) is TfKeras and keras_flavor(model) == "keras3":  # a model function's Keras 3 model: native
-        flavor = Keras3()
+    # the Keras it was built in (a model function's may be either): a Keras 3 model trains natively
+    flavor = Keras3() if keras_flavor(model) == "keras3" else TfKeras()
     model = flavor.prepared(model)
     drawn = job.model.drawn_by_each_worker(model)
     if drawn:  # the chief's values to every worker (the strategy gives every variable worker 0's initial value)
