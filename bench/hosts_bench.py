@@ -24,6 +24,9 @@ The contenders are bench/fit_bench.py's, on the same workload (bench/workloads.p
                                  MultiWorkerMirroredStrategy with its open gRPC servers (the default
                                  before tfbarrier's authenticated ring)
   Keras 3 native[, over TLS]     "native", "native-tls": the model trained natively, plain or over TLS
+  ..., first layers first        "first-layers-first": packs of 1 MB in the order before issue 59
+                                 (bench/pack_order.py), beside "packs": what sending the last layers'
+                                 first gains, their packs crossing while the backward pass goes on
 
 Throughput is worker 0's samples/s over epochs 2.. (the first epoch's start-up left out). With 3
 hosts only tfbarrier's contenders run unless --peers-on-three (time). Each round runs every model,
@@ -52,6 +55,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "python"))  # support.hosts: the 
 
 import fit_bench  # (sets PYTHONPATH for Spark's workers: bench/ first)
 import harness
+import pack_order
 import workloads
 from support import hosts
 
@@ -66,15 +70,17 @@ DEFAULT, FP16, DISTRIBUTOR, BY_HAND = ("tfbarrier.fit (default)", "tfbarrier.fit
 PEERS = (DISTRIBUTOR, BY_HAND)
 LIMIT = "one process on one host (limit)"
 CONTENDERS = ("default", "fp16", "packs", "distributor", "by-hand", "limit")  # --contenders
+PACK = 1 << 20
 # --contenders key: (name, fit's exchange arguments, session conf for the run)
 CONFIGURED = {"tls": ("tfbarrier.fit over TLS", {}, {"spark.tfbarrier.encrypt": "always"}),
               "strategy": ("tfbarrier.fit, the strategy", {"exchange": "strategy",
                                                            "communication": {"implementation": "ring"}}, {}),
               "native": ("tfbarrier.fit, Keras 3 native", {}, {"spark.tfbarrier.keras3Training": "native"}),
               "native-tls": ("tfbarrier.fit, Keras 3 native over TLS", {},
-                             {"spark.tfbarrier.keras3Training": "native", "spark.tfbarrier.encrypt": "always"})}
+                             {"spark.tfbarrier.keras3Training": "native", "spark.tfbarrier.encrypt": "always"}),
+              "first-layers-first": (f"tfbarrier.fit, packs of {PACK / 2**20:g} MB, first layers first",
+                                     {"exchange": pack_order.NAME, "communication": {"bytes_per_pack": PACK}}, {})}
 ON_THREE = ("default", "fp16", "packs")
-PACK = 1 << 20
 # tbf's bucket: 64 KB, one TCP segmentation-offload packet, as a NIC serializes onto its link. tbf's
 # customary 10 ms at the rate (the fixture's default) passes a step's gradients of up to 1.25 MB at
 # memory speed on a "1 Gbit/s" link when the link idled during the compute.
@@ -295,6 +301,7 @@ def main():
     parser.add_argument("--out", default=OUT, help="where every measurement goes (JSON)")
     parser.add_argument("--section", default="", help="a suffix of the bench/README.md sections written")
     args = parser.parse_args()
+    pack_order.register()
     available, why_not = hosts.available()
     if not available:
         raise SystemExit(f"hosts_bench needs network namespaces: {why_not}")

@@ -87,6 +87,29 @@ def test_the_ring_sums_every_ranks_array_on_every_rank(n, length, dtype):
         np.testing.assert_array_equal(arrays[i], np.random.default_rng(i).integers(-1000, 1000, size=(length,)))
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_ring_sums_in_place_into_a_writable_array_and_copies_a_read_only_one(n):
+    # in place: a gradient pack's buffer (ring_hooks) summed where it lies, no copy of the pack made
+    arrays = [np.arange(10, dtype="float32") * (i + 1) for i in range(n)]
+    expected, frozen = np.sum(arrays, axis=0), [array.copy() for array in arrays]
+    for array in frozen:
+        array.flags.writeable = False
+
+    def work(ring):
+        own = ring.all_reduce_sum(arrays[ring.rank], in_place=True)
+        return own, ring.all_reduce_sum(frozen[ring.rank], in_place=True)
+
+    results = in_threads(n, work)
+    for i, result in enumerate(results):
+        assert not isinstance(result, Exception), result
+        own, copied = result
+        assert own is arrays[i]
+        np.testing.assert_array_equal(own, expected)
+        assert copied is not frozen[i]
+        np.testing.assert_array_equal(copied, expected)
+        np.testing.assert_array_equal(frozen[i], np.arange(10, dtype="float32") * (i + 1))
+
+
 @pytest.mark.parametrize("n, shape, dtype", [(1, (3,), "int64"), (2, (3, 2), "float32"), (3, (), "float64"),
                                              (8, (5,), "int32"), (16, (257,), "int64"), (2, (4, 3), "bfloat16")])
 def test_the_ring_gathers_every_ranks_array_in_rank_order_on_every_rank(n, shape, dtype):

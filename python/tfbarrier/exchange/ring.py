@@ -288,9 +288,10 @@ class Ring:
                                      exc_type="PeerLostError")
         return self.failure
 
-    def all_reduce_sum(self, array):
-        """The sum of every process's ``array`` (same shape and dtype everywhere), on every process."""
-        total = np.array(array, copy=True)
+    def all_reduce_sum(self, array, in_place=False):
+        """The sum of every process's ``array`` (same shape and dtype everywhere), on every process: a new
+        array, or, ``in_place``, ``array`` itself summed into (unless it is not a writable contiguous one)."""
+        total = np.require(array, requirements=("C", "W")) if in_place else np.array(array, copy=True)
         if self.size == 1:
             return total
         flat = total.reshape(-1)

@@ -14,7 +14,7 @@ from tfbarrier.exchange.ring_checkpoints import average_moving_statistics
 EVERY_VARIABLE = "every variable"  # in ``exchanged``: an optimizer's update of all it holds went through the ring
 
 
-def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None):
+def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, last_layers_first=True):
     """Make ``optimizer`` (of the ``flavor``'s Keras: ring_training.Keras3 or TfKeras) apply the mean of every worker's
     gradients. They cross ``ring`` from inside the compiled step in packs: consecutive gradients together up
     to ``bytes_per_pack`` (fit's ``communication``; 0: one pack), a larger one alone (no copy of it is made
@@ -22,15 +22,15 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None):
     on), one pack after the other (the ring carries one exchange at a time, in the same order on every
     worker); in float16 with ``compression="fp16"``, as strategy.py does under the strategy.
     The variables whose gradients crossed are added to ``exchanged`` (their ids) as the step is traced.
+    ``last_layers_first=False``: the order before it was (bench/pack_order.py measures what it gains).
     Returns what FitResult.workers reports of it."""
     options = options or {}
     pack_bytes = options.get("bytes_per_pack", PACK_BYTES) or float("inf")
     dtype = tf.float16 if options.get("compression") == "fp16" else tf.float32
 
-    def mean(flat):
-        total = ring.all_reduce_sum(flat)  # a copy: ``flat`` is TensorFlow's
-        total /= ring.size
-        return total
+    def summed(flat):
+        # in place: ``flat`` is this pack's own buffer (below), and TensorFlow takes the result back without a copy
+        return ring.all_reduce_sum(flat, in_place=True)
 
     def mean_of(grads, variables):
         if exchanged is not None:
@@ -41,13 +41,15 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None):
             # last layers first: the backward pass makes their gradients first, so the first packs can travel
             # while it goes on (each pack waits only for its own gradients and the pack before it)
             dense = [(i, _shaped(grad, variables, i)) for i, grad in enumerate(grads)
-                     if grad is not None and i not in sparse][::-1]
+                     if grad is not None and i not in sparse][::-1 if last_layers_first else 1]
             for pack in _packs(dense, pack_bytes):
                 with tf.control_dependencies(after):
-                    flat = tf.concat([tf.reshape(tf.cast(grad, dtype), [-1]) for _, grad in pack], 0)
-                    summed = tf.numpy_function(mean, [flat], dtype, stateful=True)
-                after = [summed]
-                pieces = tf.split(summed, [grad.shape.num_elements() for _, grad in pack]) if len(pack) > 1 else [summed]
+                    # each worker's share of the mean, divided first: a buffer of the pack's own (a gradient's,
+                    # reused by the division only when nothing else reads it), which the sum may overwrite
+                    flat = tf.concat([tf.reshape(tf.cast(grad, dtype) / ring.size, [-1]) for _, grad in pack], 0)
+                    mean = tf.numpy_function(summed, [flat], dtype, stateful=True)
+                after = [mean]
+                pieces = tf.split(mean, [grad.shape.num_elements() for _, grad in pack]) if len(pack) > 1 else [mean]
                 for (i, grad), piece in zip(pack, pieces):
                     grads[i] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
             for i in sparse[::-1]:  # an embedding's, usually the first layer's: the backward pass ends with it
