@@ -12,18 +12,23 @@ process reports its peak resident memory (``ru_maxrss``: it includes TensorFlow 
 ``memory.ModelSize.worker_bytes``, what the check on the driver compares with what a worker can have.
 The target (issue 43): the estimate within 15% above the peak and never more than 5% below it.
 
+``--baseline-ref REF`` (issue 59): each model's fits also run with revision REF's tfbarrier, in turn, and a second
+table sets the peaks side by side: what a step's copies of the weights cost before and after (the difference in
+copies of the trainable weights).
+
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
 of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
 token id columns, its own section of bench/README.md.
 
     .venv/bin/python bench/memory_estimate_bench.py [--rounds 2] [--models cnn mlp61 ...] [--optimizers sgd adam]
-        [--section=-lora]
+        [--baseline-ref REF] [--section=-lora]
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -124,8 +129,10 @@ def measure(df, name, optimizer):
     return found
 
 
-def section(args, runs):
-    extra = f" --optimizers {' '.join(args.optimizers)} --section={args.section}" if args.section else ""
+def section(args, runs, before=None):
+    extra = (f" --optimizers {' '.join(args.optimizers)}" if args.optimizers != list(OPTIMIZERS) else ""
+             ) + (f" --baseline-ref {args.baseline_ref}" if args.baseline_ref else "") + (
+             f" --section={args.section}" if args.section else "")
     lines = [
         f"`.venv/bin/python bench/memory_estimate_bench.py --rounds {args.rounds} --models {' '.join(args.models)}"
         f"{extra}`: "
@@ -141,6 +148,16 @@ def section(args, runs):
         lines.append(f"| {name} | {found[0]['parameters'] / 1e6:.1f} M, {found[0]['weights_mb']:,.0f} MB{trains} | "
                      f"{optimizer} | {mid:,.0f} ({low:,.0f}-{high:,.0f}) | {estimate:,.0f} | "
                      f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) |")
+    if before:
+        lines += ["", f"The same fits' peaks with {args.baseline_ref}'s tfbarrier (before), round by round in turn "
+                  "(medians); saved: the difference in copies of the trainable weights.", "",
+                  f"| model | trainable MB | optimizer | peak MB, {args.baseline_ref} | peak MB, this tree | "
+                  "saved MB | saved, copies of the trainable weights |", "|---|---|---|---|---|---|---|"]
+        for (name, optimizer), found in runs.items():
+            old, new = (statistics.median(r["peak_mb"] for r in rounds) for rounds in (before[name, optimizer], found))
+            trainable = found[0]["trainable_mb"]
+            lines.append(f"| {name} | {trainable:,.0f} | {optimizer} | {old:,.0f} | {new:,.0f} | {old - new:+,.0f} | "
+                         f"{(old - new) / trainable:+.2f} |")
     return "\n".join(lines)
 
 
@@ -155,9 +172,13 @@ def driver(name, optimizers):
     spark.stop()
 
 
-def run_driver(name, optimizers):
+def run_driver(name, optimizers, source=None):
+    """``name``'s fits in a driver of their own, with ``source`` (an older revision's sources) first on its path."""
+    env = dict(os.environ)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     output = subprocess.run([sys.executable, __file__, "--driver", name, "--optimizers", *optimizers],
-                            check=True, capture_output=True, text=True).stdout
+                            check=True, capture_output=True, text=True, env=env).stdout
     found = json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
     print(name, {optimizer: (round(r["peak_mb"]), round(r["estimate_mb"])) for optimizer, r in found.items()},
           flush=True)
@@ -170,18 +191,22 @@ def main():
     parser.add_argument("--models", nargs="+", default=["cnn", "cnn-wide", "mlp12", "mlp61", "mlp150", "mlp300"])
     parser.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS))
     parser.add_argument("--driver")
+    parser.add_argument("--baseline-ref", help="also run this git revision's tfbarrier: the peaks before and after")
     parser.add_argument("--section", default="", help="a suffix of the bench/README.md section written")
     args = parser.parse_args()
     if args.driver:
         return driver(args.driver, args.optimizers)
     runs = {(name, optimizer): [] for name in args.models for optimizer in args.optimizers
             if (name, optimizer) not in TOO_LARGE}
+    before = {key: [] for key in runs} if args.baseline_ref else None
+    source = harness.worktree(args.baseline_ref) if args.baseline_ref else None
     for _ in range(args.rounds):
         for name in args.models:
             optimizers = [optimizer for optimizer in args.optimizers if (name, optimizer) in runs]
-            for optimizer, found in run_driver(name, optimizers).items():
-                runs[(name, optimizer)].append(found)
-    harness.write_section("memory-estimate" + args.section, section(args, runs))
+            for kept, path in ((before, source), (runs, None)) if before is not None else ((runs, None),):
+                for optimizer, found in run_driver(name, optimizers, path).items():
+                    kept[(name, optimizer)].append(found)
+    harness.write_section("memory-estimate" + args.section, section(args, runs, before))
 
 
 if __name__ == "__main__":

@@ -13,18 +13,19 @@ One step of N workers, each on a batch of B rows:
   process alone.
 - bytes: the gradients, 4 per parameter (2 with fp16 compression).
 - link: what tc tbf delivered to one TCP stream (hosts_bench's measurement).
-- transport: what TensorFlow's gRPC ring itself moves per second when the link costs nothing: the
-  gradients' all-reduce on loopback, less its latency (the serialisation and copies of its messages,
-  which a faster link does not shorten).
-- latency: per hop of the ring, a one-float all-reduce's time over its 2(N-1) hops.
+- transport: what tfbarrier's ring itself (exchange/ring.py, the default exchange) moves per second when
+  the link costs nothing: the gradients' all-reduce on loopback between N processes
+  (bench/exchange_bench.py's "ring-reduce"), less its latency (the copies and sums of its chunks, which a
+  faster link does not shorten): ring_model_bench's 1 / beta.
+- latency: per hop of the ring, a one-float all-reduce's time over its 2(N-1) hops: ring_model_bench's alpha.
 - fixed: everything else in a step (Keras's and tfbarrier's per-step work, the input pipeline, Spark's
   and the other processes' share of the cores): the contender's unshaped run less the rest of the
   formula, per contender and number of hosts. The unshaped runs calibrate it; the shaped runs test
   the model.
 
-The all-reduce is assumed not to overlap the backward pass (TensorFlow's default sends every gradient in
-one all-reduce after the last one is computed); a contender with smaller packs that measures faster
-than predicted shows what overlap there is.
+The all-reduce is assumed not to overlap the backward pass (the default packs of 16 MB hold all of these
+models' gradients in one); a contender with smaller packs that measures faster than predicted shows
+what overlap there is.
 
     .venv/bin/python bench/scaling_model.py [--hosts-results build/hosts-bench.json] [--rounds 3]
 """
@@ -34,12 +35,14 @@ import json
 import math
 import statistics
 
+import exchange_bench
 import harness
 import hosts_bench
 import step_anatomy_bench
 import workloads
 
-COMPUTE, LATENCY, ALL_REDUCE = 0, 1, 2  # step_anatomy_bench.PARTS: compute, one float, the gradients
+COMPUTE, LATENCY, ALL_REDUCE = 0, 1, 2  # a step's compute (step_anatomy_bench.PARTS[0]); the ring's all-reduces
+RING_REPS = 10  # all-reduces a measurement, after a warm-up
 ANATOMY_STEPS = {"cnn": 200, "large": 40}
 WORKERS = (2, 8, 64, 512)
 LINKS = (10e9, 25e9, 100e9)  # bits/s
@@ -47,6 +50,12 @@ LINKS = (10e9, 25e9, 100e9)  # bits/s
 # about 4 G forward multiply-adds per 224x224 image (the figure quoted as "4 GFLOP": He et al. count a
 # multiply-add as one operation, as model_size does here).
 RESNET50 = {"parameters": 25.6e6, "forward_macs": 4.0e9}
+# large_model_bench's 61 M MLP (input 1024, two hidden layers of 7,310, 10 classes): as many multiply-adds
+# forward as parameters
+MLP61 = {"parameters": 61.0e6, "forward_macs": 61.0e6}
+# The 1.1 B LoRA fine-tune (bench/README, "A LoRA fine-tune of a preset...", make bench-preset-1b): the plain
+# process took 0.185 samples/s at 4 rows of 64 tokens a step on this machine's 2 cores; 24.8 MB of adapters cross
+LORA_1B = {"parameters": 24.8e6 / 4, "seconds_per_sample": 1 / 0.185, "batch": 4}
 # Horovod's published point (docs/benchmarks of github.com/horovod/horovod): 128 servers of 4 Pascal
 # GPUs on a RoCE-capable 25 Gbit/s network, tensor fusion, 90% scaling efficiency for ResNet-101 (and
 # Inception V3). ResNet-101: 44.5 M parameters. Its step on one GPU is taken from the same page's
@@ -85,20 +94,24 @@ def model_size(kind):
     return {"parameters": model.count_params(), "forward_macs": macs}
 
 
-def anatomy(models, counts, rounds, log):
-    """Milliseconds per step (medians) of the compute, a one-float and the gradients' all-reduce, with
-    N processes at once (step_anatomy_bench), and of one process alone: (model, N) -> part -> ms."""
+def anatomy(models, counts, rounds, log, sizes):
+    """Milliseconds (medians) of a step's compute with N processes at once (step_anatomy_bench) and of one
+    process alone, and of tfbarrier's ring's all-reduce of one float and of the gradients between N
+    processes (exchange_bench): (model, N) -> part -> ms."""
     measured = {}
     for model in models:
         harness.settle()
         alone = step_anatomy_bench.run_processes("alone", model, 1, ANATOMY_STEPS[model], rounds)
         measured[model, 1] = {COMPUTE: statistics.median(next(iter(alone.values())))}
+        values = [1, sizes[model]["parameters"]]  # float32 values an all-reduce
         for count in counts:
             harness.settle()
             times = step_anatomy_bench.run_processes("worker", model, count, ANATOMY_STEPS[model], rounds,
-                                                     parts=(COMPUTE, LATENCY, ALL_REDUCE))
-            measured[model, count] = {part: statistics.median(times[step_anatomy_bench.PARTS[part]])
-                                      for part in (COMPUTE, LATENCY, ALL_REDUCE)}
+                                                     parts=(COMPUTE,))
+            ring = [exchange_bench.launch("ring-reduce", values, RING_REPS, ranks=count) for _ in range(rounds)]
+            measured[model, count] = {COMPUTE: statistics.median(times[step_anatomy_bench.PARTS[COMPUTE]]),
+                                      **{part: 1000 * statistics.median(r[str(value)] for r in ring)
+                                         for part, value in zip((LATENCY, ALL_REDUCE), values)}}
         for (kind, count), parts in measured.items():
             if kind == model:
                 log(f"{model}, {count} process(es): {parts}")
@@ -187,19 +200,20 @@ def inputs_table(model, kinds, counts):
     return "\n".join(lines)
 
 
-def extrapolation(model, kind, per_sample):
+def extrapolation(model, kind, per_sample, batch=None):
     """Rows (name, N, [(samples/s, efficiency) per link]) for a worker per machine at the measured
-    latency and transport (2 processes), one-process compute and tfbarrier's default's fixed time."""
+    latency and transport (2 processes), one-process compute and tfbarrier's default's fixed time;
+    ``batch`` rows a worker (hosts_bench's by default)."""
     latency, transport = model.latency["large", 2], model.transport["large", 2]
     fixed = model.fixed("large", 2, hosts_bench.DEFAULT)
-    nbytes = 4 * kind["parameters"]
-    compute = per_sample * model.batch
+    nbytes, batch = 4 * kind["parameters"], batch or model.batch
+    compute = per_sample * batch
     rows = []
     for workers in WORKERS:
         cells = []
         for link in LINKS:
             step = compute + fixed + ring_seconds(workers, nbytes, link, latency, transport)
-            cells.append((workers * model.batch / step, (compute + fixed) / step))
+            cells.append((workers * batch / step, (compute + fixed) / step))
         rows.append((workers, cells))
     return rows
 
@@ -227,8 +241,8 @@ def horovod_rows(model):
 
     servers = workers // GPUS_PER_SERVER
     steps = [
-        (("tfbarrier today: TensorFlow's gRPC ring over all 512 workers (measured latency and transport), "
-         "float32, no overlap"), ring_seconds(workers, nbytes, link, latency, transport), False),
+        (("tfbarrier today: its ring over all 512 workers (measured latency and transport), float32, "
+          "the packs after the backward pass"), ring_seconds(workers, nbytes, link, latency, transport), False),
         ("... with a GPU transport instead (NCCL over RDMA: link-bound, 20 us per hop)",
          ring_seconds(workers, nbytes, link, GPU_HOP_LATENCY), False),
         ("... and the all-reduce overlapping the backward pass (packs, last layers first)",
@@ -236,7 +250,7 @@ def horovod_rows(model):
         ("... and float16 gradients", ring_seconds(workers, nbytes / 2, link, GPU_HOP_LATENCY), True),
         ((f"... and hierarchical: reduce within each server of {GPUS_PER_SERVER} first, the ring over "
          f"{servers} servers"), ring_seconds(servers, nbytes / 2, link, GPU_HOP_LATENCY), True),
-        ("tfbarrier today, hierarchical alone (gRPC ring over 128 servers, float32, no overlap)",
+        ("tfbarrier today, hierarchical alone (its ring over 128 servers, float32, no overlap)",
          ring_seconds(servers, nbytes, link, latency, transport), False),
     ]
     return [(name, ring, efficiency(ring, overlap)) for name, ring, overlap in steps]
@@ -258,7 +272,7 @@ def main():
     counts = sorted({int(workers) for workers in results["runs"]} | {2})
     log = lambda line: print(line, flush=True)
     sizes = {kind: model_size(kind) for kind in {*kinds, "large"}}
-    measured = anatomy(sorted({*kinds, "large"}, key=workloads.MODELS.index), counts, args.rounds, log)
+    measured = anatomy(sorted({*kinds, "large"}, key=workloads.MODELS.index), counts, args.rounds, log, sizes)
     model = Model(measured, sizes, results)
     body = ("## Beyond one machine\n\n" + model_text(model, args.rounds, kinds, counts)
             + predictions_text(model) + horovod_text(model))
@@ -277,7 +291,8 @@ def model_text(model, rounds, kinds, counts):
         f"{command}. The model: a step of N workers takes compute(N) + fixed + ring(N), with ring(N) = "
         "2(N-1)/N x gradient bytes x 8 x (1/link + 1/transport) + 2(N-1) x latency; throughput = N x batch / "
         f"step (batch {model.batch} per worker). Its inputs, measured (step_anatomy_bench's processes on "
-        "loopback, N at once; the fixed time is each contender's unshaped run less the rest, so the unshaped "
+        "loopback, N at once; the all-reduces tfbarrier's ring's, exchange_bench's processes on loopback; the "
+        "fixed time is each contender's unshaped run less the rest, so the unshaped "
         "runs calibrate and the shaped runs test):\n\n"
         + inputs_table(model, kinds, counts)
         + "\n\nValidation: every shaped run of hosts_bench, predicted against measured (median samples/s); "
@@ -288,19 +303,31 @@ def model_text(model, rounds, kinds, counts):
 
 
 def predictions_text(model):
-    """The extrapolation to a worker per machine: the large model, and a ResNet-50-sized one."""
+    """The extrapolation to a worker per machine: the slides' CNN, the large model, a ResNet-50-sized one, the
+    61 M MLP and the 1.1 B LoRA fine-tune."""
     measured, sizes = model.measured, model.sizes
-    large_per_sample = measured["large", 1][COMPUTE] / 1000 / step_anatomy_bench.BATCH
-    resnet_per_sample = large_per_sample * RESNET50["forward_macs"] / sizes["large"]["forward_macs"]
-    predictions = [("large, one core per worker", extrapolation(model, sizes["large"], large_per_sample)),
-                   ("ResNet-50-sized, one core per worker", extrapolation(model, RESNET50, resnet_per_sample))]
+    per_sample = {kind: measured[kind, 1][COMPUTE] / 1000 / step_anatomy_bench.BATCH
+                  for kind in ("cnn", "large") if (kind, 1) in measured}
+    scaled = {name: per_sample["large"] * kind["forward_macs"] / sizes["large"]["forward_macs"]
+              for name, kind in (("resnet", RESNET50), ("mlp", MLP61))}
+    predictions = [*([("slides' CNN, one core per worker", extrapolation(model, sizes["cnn"], per_sample["cnn"]))]
+                     if "cnn" in per_sample else []),
+                   ("large, one core per worker", extrapolation(model, sizes["large"], per_sample["large"])),
+                   ("ResNet-50-sized, one core per worker", extrapolation(model, RESNET50, scaled["resnet"])),
+                   ("61 M MLP, one core per worker", extrapolation(model, MLP61, scaled["mlp"])),
+                   ("1.1 B LoRA fine-tune, 2 cores per worker",
+                    extrapolation(model, LORA_1B, LORA_1B["seconds_per_sample"], LORA_1B["batch"]))]
     return (
         "\n\nPredictions, one worker per machine (compute of one process alone: large "
         f"{measured['large', 1][COMPUTE]:.1f} ms per step of {model.batch}; ResNet-50-sized "
-        f"{resnet_per_sample * model.batch:.2f} s, the large model's time scaled by forward multiply-adds, "
-        f"{RESNET50['forward_macs'] / 1e9:.1f} G against {sizes['large']['forward_macs'] / 1e6:.1f} M; "
-        f"{RESNET50['parameters'] / 1e6:.1f} M parameters), the fixed time of tfbarrier's default on 2 hosts, "
-        "TensorFlow's gRPC ring with the latency and transport measured for 2 processes; efficiency = "
+        f"{scaled['resnet'] * model.batch:.2f} s and the 61 M MLP {scaled['mlp'] * model.batch:.2f} s, the large "
+        f"model's time scaled by forward multiply-adds ({RESNET50['forward_macs'] / 1e9:.1f} G and "
+        f"{MLP61['forward_macs'] / 1e6:.0f} M against {sizes['large']['forward_macs'] / 1e6:.1f} M), "
+        f"{RESNET50['parameters'] / 1e6:.1f} M and {MLP61['parameters'] / 1e6:.0f} M parameters; the 1.1 B LoRA "
+        f"fine-tune {LORA_1B['seconds_per_sample'] * LORA_1B['batch']:.1f} s per step of {LORA_1B['batch']} rows "
+        "of 64 tokens, the plain process's of bench-preset-1b, 24.8 MB of adapters' gradients), the fixed time "
+        "of tfbarrier's default on 2 hosts, "
+        "tfbarrier's ring with the latency and transport measured for 2 processes; efficiency = "
         "t(1) / t(N):\n\n"
         + extrapolation_table(predictions))
 
