@@ -171,7 +171,7 @@ bench-allocator: venv
 bench-exchange: venv
 	$(PY) bench/exchange_bench.py --rounds 3 --baseline-ref cb33e45
 bench-memory-estimate: venv
-	$(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn cnn-wide mlp12 mlp61 mlp150 mlp300
+	$(PY) bench/memory_estimate_bench.py --rounds 1 --models cnn cnn-wide mlp12 mlp61 mlp150 mlp300 --baseline-ref 8df67d9
 bench-memory-estimate-lora: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 2 --models lora --optimizers adam --section=-lora
 # A LoRA fine-tune of a preset the training processes load, against one plain process (issue 60).

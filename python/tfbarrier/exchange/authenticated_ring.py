@@ -9,9 +9,10 @@ from tfbarrier.exchange.base import Exchange
 class AuthenticatedRing(Exchange):
     name = "tfbarrier"
     trainer = "tfbarrier.exchange.ring_training"
-    # weights, gradients, a pack of them joined and its sum, from the peaks of 2-worker fits over the ring
-    # (bench/memory_estimate_bench.py at 63fde93: MLPs of 12 to 300 M parameters, CNNs; SGD, momentum, Adam)
-    step_copies = 4.9
+    # weights, gradients and the optimizer's temporaries (each pack is summed where it lies: no copy of it), from
+    # the peaks of 2-worker fits over the ring (bench/memory_estimate_bench.py --baseline-ref: MLPs of 12 to 300 M
+    # parameters, CNNs; SGD, momentum, Adam): 4.9 before packs were summed in place
+    step_copies = 4.0
 
     def describe(self, communication):
         return {"implementation": "tfbarrier ring (authenticated)", "exchange": self.name, **communication}
