@@ -122,7 +122,7 @@ BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-n
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
                 encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b \
-                warm-start ring-model hosts-overlap
+                warm-start ring-model hosts-overlap hosts-overlap-mlp
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -200,6 +200,8 @@ bench-hosts-encryption: venv $(BENCH_SITE)/.installed
 	$(BENCH_PY) bench/hosts_bench.py --models cnn large --rates unshaped 1gbit 100mbit --hosts 2 --rounds 2 --contenders default tls strategy by-hand --section=-encryption
 bench-hosts-overlap: venv $(BENCH_SITE)/.installed
 	$(BENCH_PY) bench/hosts_bench.py --models cnn large --rates unshaped 1gbit 100mbit --hosts 2 --rounds 3 --contenders default packs first-layers-first --section=-overlap
+bench-hosts-overlap-mlp: venv $(BENCH_SITE)/.installed
+	$(BENCH_PY) bench/hosts_bench.py --models mlp --rates unshaped 1gbit --hosts 2 --rounds 2 --contenders default first-layers-first --section=-overlap-mlp
 
 # Speed, memory and predict in under 15 minutes, one round each on small data: a quick look, written to
 # build/bench-quick.md (TFBARRIER_BENCH_README), never over bench/README.md's tables.

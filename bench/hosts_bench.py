@@ -64,7 +64,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in os.enviro
 
 UNSHAPED = "unshaped"
 RATES = (UNSHAPED, "10gbit", "1gbit", "100mbit")
-STEPS = {"cnn": 40, "large": 12}
+STEPS = {"cnn": 40, "large": 12, "mlp": 6}
 DEFAULT, FP16, DISTRIBUTOR, BY_HAND = ("tfbarrier.fit (default)", "tfbarrier.fit, fp16 gradients",
                                        "spark-tensorflow-distributor", "barrier job by hand")
 PEERS = (DISTRIBUTOR, BY_HAND)

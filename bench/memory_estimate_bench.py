@@ -14,7 +14,7 @@ The target (issue 43): the estimate within 15% above the peak and never more tha
 
 ``--baseline-ref REF`` (issue 59): each model's fits also run with revision REF's tfbarrier, in turn, and a second
 table sets the peaks side by side: what a step's copies of the weights cost before and after (the difference in
-copies of the trainable weights).
+copies of the trainable weights, for models of at least TELLING_MB of them).
 
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
 of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
@@ -44,6 +44,7 @@ SHAPES = {**{name: (1024,) for name in HIDDEN}, "cnn": (64, 64, 3), "cnn-wide": 
 SEQUENCE, VOCABULARY = 64, 8192  # the LoRA model's rows: 64 token ids each
 OPTIMIZERS = ("sgd", "momentum", "adam")
 TOO_LARGE = {("mlp300", "adam")}  # two workers would need about 18 GB of this machine's 24
+TELLING_MB = 100  # trainable weights below this: a copy of them is within a process's noise, none is reckoned
 
 
 def lora_model():
@@ -150,14 +151,15 @@ def section(args, runs, before=None):
                      f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) |")
     if before:
         lines += ["", f"The same fits' peaks with {args.baseline_ref}'s tfbarrier (before), round by round in turn "
-                  "(medians); saved: the difference in copies of the trainable weights.", "",
+                  f"(medians); saved: the difference, in copies of the trainable weights from {TELLING_MB} MB of them.", "",
                   f"| model | trainable MB | optimizer | peak MB, {args.baseline_ref} | peak MB, this tree | "
                   "saved MB | saved, copies of the trainable weights |", "|---|---|---|---|---|---|---|"]
         for (name, optimizer), found in runs.items():
             old, new = (statistics.median(r["peak_mb"] for r in rounds) for rounds in (before[name, optimizer], found))
             trainable = found[0]["trainable_mb"]
+            copies = f"{(old - new) / trainable:+.2f}" if trainable >= TELLING_MB else "-"
             lines.append(f"| {name} | {trainable:,.0f} | {optimizer} | {old:,.0f} | {new:,.0f} | {old - new:+,.0f} | "
-                         f"{(old - new) / trainable:+.2f} |")
+                         f"{copies} |")
     return "\n".join(lines)
 
 

@@ -16,12 +16,13 @@ import time
 
 import numpy as np
 
-MODELS = ("cnn", "large")
+MODELS = ("cnn", "large", "mlp")
 INPUT_SHAPE = (28, 28, 1)
 
 
 def build_model(keras, kind, steps_per_execution=1):
-    """The slides' CNN ("cnn"), or a deeper one where compute per step dominates ("large"), compiled
+    """The slides' CNN ("cnn"), a deeper one where compute per step dominates ("large"), or an MLP of 59 M
+    parameters whose gradients dominate ("mlp": large_model_bench's 61 M shape on these 784 inputs), compiled
     with Adam; ``keras`` is Keras 3 (what a user hands tfbarrier) or tf_keras (what the peers train)."""
     layers = keras.layers
     if kind == "cnn":
@@ -31,6 +32,8 @@ def build_model(keras, kind, steps_per_execution=1):
         body = [layers.Conv2D(64, 3, activation="relu"), layers.Conv2D(64, 3, activation="relu"),
                 layers.MaxPooling2D(), layers.Conv2D(128, 3, activation="relu"), layers.MaxPooling2D(),
                 layers.Flatten(), layers.Dense(256, activation="relu")]
+    elif kind == "mlp":
+        body = [layers.Flatten(), layers.Dense(7310, activation="relu"), layers.Dense(7310, activation="relu")]
     else:
         raise ValueError(f"model must be one of {MODELS}, got {kind!r}")
     model = keras.Sequential([keras.Input(INPUT_SHAPE), *body, layers.Dense(10)])

@@ -8,7 +8,8 @@ exchange's ``step_copies`` of the trainable weights; under MultiWorkerMirroredSt
 first SMALL_MODEL_BYTES, which TensorFlow's allocator keeps once it has them there: the exchange's
 ``small_model_copies``), the optimizer's slots (none for plain SGD, one copy
 of the trainable weights with momentum, two for Adam...: their updates' temporaries fit in what the
-step holds anyway), and each layer's output on a batch, kept for the backward pass with its gradient
+step holds anyway, but for plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN:
+POOLED_SGD_COPIES), and each layer's output on a batch, kept for the backward pass with its gradient
 (ACTIVATION_COPIES). A model whose layers' outputs do not tell their sizes (a transformer's sequence
 length, unknown until the data's widths are; its blocks' insides, which no layer output shows) is
 traced instead, once the widths are known: what a step's backward pass keeps of its forward pass,
@@ -48,6 +49,11 @@ KERAS3_BYTES = 160 * MIB  # Keras 3 (and KerasHub) besides, for a model that tra
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
 SMALL_MODEL_BYTES = 128 * MIB  # the strategy's step keeps as many copies again of this much of the weights
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
+# Without oneDNN (a CPU without AVX-512's neural-network extensions), training processes use TensorFlow's BFC pool
+# (settings.CPU_POOL_ENV), in which a plain SGD step (no slots) peaks about as high as a step with momentum's slot:
+# 1.3-1.8 copies of the trainable weights more than step_copies says (bench/memory_estimate_bench.py on such a CPU,
+# MLPs of 61 to 300 M parameters); with oneDNN's pool it did not (its runs at beab669).
+POOLED_SGD_COPIES = 1.5
 HEADROOM = 0.1  # of a host's memory, kept from the workers' share (see above)
 HEADROOM_SAID = "(a tenth of its memory kept for the code that runs and the kernel)"
 
@@ -71,6 +77,18 @@ def optimizer_slots(optimizer):
     return known.get(name, DEFAULT_SLOTS)
 
 
+def onednn_on():
+    """Whether this process's TensorFlow runs oneDNN's kernels and their memory pool; None where TensorFlow is not
+    imported here (a driver that built no model: the pool without oneDNN is assumed, the larger estimate)."""
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # a TensorFlow without it: assume its default on x86, oneDNN on
+        return True
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def _bytes(variables):
     import numpy as np
 
@@ -92,14 +110,16 @@ class ModelSize:
     kept: tuple = None  # traced (bytes a sample, bytes whatever the batch) a step keeps for its backward pass
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
     archive: bool = False  # built from a ``.keras`` archive, which leaves its weights' size held besides them
+    pooled: bool = False  # trains without oneDNN, in TensorFlow's BFC pool (POOLED_SGD_COPIES)
 
     @classmethod
     def of(cls, model, exchange=None, kept=None, native=False, archive=False):
+        """``model``'s size, as this process's TensorFlow would train it (with oneDNN or not)."""
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
-                   exchange=exchange, kept=kept, native=native, archive=archive)
+                   exchange=exchange, kept=kept, native=native, archive=archive, pooled=onednn_on() is not True)
 
     @classmethod
     def of_trained(cls, model, job, widths=None):
@@ -128,6 +148,8 @@ class ModelSize:
         exchange = self.exchange or exchanges.named("tfbarrier")
         small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
         step = exchange.step_copies * (self.trainable + small)
+        if self.pooled and not self.slots:
+            step += POOLED_SGD_COPIES * self.trainable
         kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
                 else self.kept[0] * rows + self.kept[1])
         return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),

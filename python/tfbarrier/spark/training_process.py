@@ -17,6 +17,7 @@ import time
 import traceback
 
 from tfbarrier import faults, settings
+from tfbarrier.models import memory
 from tfbarrier.spark import protocol, rendezvous, workdirs
 from tfbarrier.spark.launcher import name_process
 
@@ -54,17 +55,8 @@ def _configure_runtime(tf, threads):
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-    if not _onednn_on():
+    if not memory.onednn_on():
         os.environ.setdefault(settings.CPU_POOL_ENV, "true")  # see settings
-
-
-def _onednn_on():
-    """Whether TensorFlow's oneDNN kernels (and their memory pool) are on in this process."""
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-    except ImportError:  # a TensorFlow without it: assume its default on x86, oneDNN on
-        return True
-    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def serve(job, channel, tf, import_error):
