@@ -43,7 +43,7 @@ import workloads
 
 COMPUTE, LATENCY, ALL_REDUCE = 0, 1, 2  # a step's compute (step_anatomy_bench.PARTS[0]); the ring's all-reduces
 RING_REPS = 10  # all-reduces a measurement, after a warm-up
-ANATOMY_STEPS = {"cnn": 200, "large": 40}
+ANATOMY_STEPS = {"cnn": 200, "large": 40, "mlp": 10}
 WORKERS = (2, 8, 64, 512)
 LINKS = (10e9, 25e9, 100e9)  # bits/s
 # A ResNet-50-sized model as the issue gives it: 25.6 M parameters (102 MB of float32 gradients) and
@@ -223,7 +223,8 @@ def extrapolation_table(named_rows):
     lines = [f"| model | workers | {header} |", "|---|---|" + "---|---|" * len(LINKS)]
     for name, rows in named_rows:
         for workers, cells in rows:
-            lines.append(f"| {name} | {workers} | " + " | ".join(f"{rate:,.0f} | {eff:.0%}" for rate, eff in cells)
+            lines.append(f"| {name} | {workers} | " + " | ".join(f"{rate:,.{0 if rate >= 100 else 2}f} | {eff:.0%}"
+                                                                for rate, eff in cells)
                          + " |")
     return "\n".join(lines)
 
@@ -241,8 +242,8 @@ def horovod_rows(model):
 
     servers = workers // GPUS_PER_SERVER
     steps = [
-        (("tfbarrier today: its ring over all 512 workers (measured latency and transport), float32, "
-          "the packs after the backward pass"), ring_seconds(workers, nbytes, link, latency, transport), False),
+        (("tfbarrier today: its ring over all 512 workers (measured latency and transport), float32, no overlap "
+          "counted"), ring_seconds(workers, nbytes, link, latency, transport), False),
         ("... with a GPU transport instead (NCCL over RDMA: link-bound, 20 us per hop)",
          ring_seconds(workers, nbytes, link, GPU_HOP_LATENCY), False),
         ("... and the all-reduce overlapping the backward pass (packs, last layers first)",
