@@ -43,7 +43,7 @@ import workloads
 
 COMPUTE, LATENCY, ALL_REDUCE = 0, 1, 2  # a step's compute (step_anatomy_bench.PARTS[0]); the ring's all-reduces
 RING_REPS = 10  # all-reduces a measurement, after a warm-up
-ANATOMY_STEPS = {"cnn": 200, "large": 40, "mlp": 10}
+ANATOMY_STEPS = {"cnn": 200, "large": 40}  # the models step_anatomy_bench times (others are left out)
 WORKERS = (2, 8, 64, 512)
 LINKS = (10e9, 25e9, 100e9)  # bits/s
 # A ResNet-50-sized model as the issue gives it: 25.6 M parameters (102 MB of float32 gradients) and
@@ -269,7 +269,8 @@ def main():
     harness.local_spark_env()  # TensorFlow's banners quiet
     with open(args.hosts_results) as f:
         results = json.load(f)
-    kinds = sorted({kind for by_model in results["runs"].values() for kind in by_model}, key=workloads.MODELS.index)
+    kinds = sorted({kind for by_model in results["runs"].values() for kind in by_model if kind in ANATOMY_STEPS},
+                   key=workloads.MODELS.index)
     counts = sorted({int(workers) for workers in results["runs"]} | {2})
     log = lambda line: print(line, flush=True)
     sizes = {kind: model_size(kind) for kind in {*kinds, "large"}}

@@ -221,11 +221,15 @@ def run_processes(role, model, count, steps, rounds, parts=None):
         processes.append(subprocess.Popen([sys.executable, __file__, "--as", role, "--model", model,
                                            "--steps", str(steps), "--rounds", str(rounds), "--out", out,
                                            "--parts", *map(str, parts)], env=env))
-    for process in processes:
-        if process.wait() != 0:
-            raise SystemExit(f"a {role} process failed with exit code {process.returncode}")
-    with open(out) as f:
-        return json.load(f)
+    try:
+        for process in processes:
+            if process.wait() != 0:
+                raise SystemExit(f"a {role} process failed with exit code {process.returncode}")
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        if os.path.exists(out):
+            os.remove(out)
 
 
 def main():

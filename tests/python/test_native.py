@@ -27,6 +27,18 @@ class Gate(keras.layers.Layer):
         return x * ops.sigmoid(x * self.scale)
 
 
+class Drift(keras.layers.Layer):
+    """A weight whose gradient is a constant (its added loss is linear in it, and nothing else reads it): TensorFlow's
+    graph optimizer folds that gradient into a constant, whose buffer every step reuses."""
+
+    def build(self, input_shape):
+        self.drift = self.add_weight(shape=(3,), initializer="zeros", name="drift")
+
+    def call(self, x):
+        self.add_loss(1e-3 * ops.sum(self.drift))
+        return x
+
+
 @keras.saving.register_keras_serializable(package="tfbarrier_tests")
 class TwoLayers(keras.Model):
     """A subclassed model: no config tf_keras could read, no symbolic input."""
@@ -50,7 +62,7 @@ def huberish(y_true, y_pred):
     return ops.mean(ops.sqrt(1.0 + ops.square(error)) - 1.0, axis=-1)
 
 
-OWN_OBJECTS = {"Gate": Gate, "huberish": huberish, "TwoLayers": TwoLayers}
+OWN_OBJECTS = {"Gate": Gate, "huberish": huberish, "TwoLayers": TwoLayers, "Drift": Drift}
 
 
 def gated_model():
@@ -58,6 +70,13 @@ def gated_model():
     hidden = Gate()(keras.layers.Dense(16)(inputs))
     model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=huberish, metrics=["mae"])
+    return model
+
+
+def drifting_model():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), Drift(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", metrics=["mae"])
     return model
 
 
@@ -94,7 +113,10 @@ def copy_of(model):
 @pytest.mark.parametrize("build, options", [
     pytest.param(gated_model, {"steps_per_execution": 3}, marks=pytest.mark.versions),
     (subclassed_model, {"communication": {"bytes_per_pack": 600}}),  # 2 packs, last layers first: 4 + 64 + 64, 512 bytes
-], ids=["custom_layer_and_loss_3_steps_a_call", "subclassed_in_packs"])
+    # each gradient a pack of its own, summed where it lies: the constant one too, whose sum must not land in the
+    # constant (before, it did, and the drift's step doubled each step)
+    (drifting_model, {"communication": {"bytes_per_pack": 4}}),
+], ids=["custom_layer_and_loss_3_steps_a_call", "subclassed_in_packs", "a_constant_gradient_in_packs_of_one"])
 def test_two_workers_train_a_keras3_model_as_one_process_would(spark, line_df, build, options, tmp_path):
     keras.utils.set_random_seed(11)
     model = build()

@@ -28,8 +28,14 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, la
     pack_bytes = options.get("bytes_per_pack", PACK_BYTES) or float("inf")
     dtype = tf.float16 if options.get("compression") == "fp16" else tf.float32
 
+    # each worker's share of the mean, a variable: a gradient no data or weight moves (an added loss's, linear in its
+    # weight) is folded into a constant by TensorFlow's graph optimizer, whose buffer every step reuses; multiplied
+    # by a value read at run time, the pack is a buffer of the step's own (a gradient's, reused by the product only
+    # when nothing else reads it), which the sum may overwrite
+    share = tf.Variable(1.0 / ring.size, trainable=False, name="tfbarrier_share")
+
     def summed(flat):
-        # in place: ``flat`` is this pack's own buffer (below), and TensorFlow takes the result back without a copy
+        # in place: ``flat`` is this pack's own buffer, and TensorFlow takes the result back without a copy
         return ring.all_reduce_sum(flat, in_place=True)
 
     def mean_of(grads, variables):
@@ -44,9 +50,8 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, la
                      if grad is not None and i not in sparse][::-1 if last_layers_first else 1]
             for pack in _packs(dense, pack_bytes):
                 with tf.control_dependencies(after):
-                    # each worker's share of the mean, divided first: a buffer of the pack's own (a gradient's,
-                    # reused by the division only when nothing else reads it), which the sum may overwrite
-                    flat = tf.concat([tf.reshape(tf.cast(grad, dtype) / ring.size, [-1]) for _, grad in pack], 0)
+                    flat = tf.concat([tf.reshape(tf.cast(grad, dtype) * tf.cast(share, dtype), [-1])
+                                      for _, grad in pack], 0)
                     mean = tf.numpy_function(summed, [flat], dtype, stateful=True)
                 after = [mean]
                 pieces = tf.split(mean, [grad.shape.num_elements() for _, grad in pack]) if len(pack) > 1 else [mean]

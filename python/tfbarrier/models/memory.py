@@ -79,7 +79,7 @@ def optimizer_slots(optimizer):
 
 def onednn_on():
     """Whether this process's TensorFlow runs oneDNN's kernels and their memory pool; None where TensorFlow is not
-    imported here (a driver that built no model: the pool without oneDNN is assumed, the larger estimate)."""
+    imported here (ModelSize.of then counts the pool without oneDNN, the larger estimate)."""
     if "tensorflow" not in sys.modules:
         return None
     try:
@@ -348,7 +348,11 @@ def check_on_driver(spark, size, rows, num_workers, exchange=None):
     if budget is None:
         return
     can_have, why, fix = budget
-    _refuse_over(dataclasses.replace(size, exchange=exchange), rows, can_have, why, fix)
+    from tfbarrier.spark import cluster
+
+    # executors on other machines may run without oneDNN where this driver runs with it: the larger count
+    pooled = size.pooled or not cluster.on_this_machine(cluster.master(spark))
+    _refuse_over(dataclasses.replace(size, exchange=exchange, pooled=pooled), rows, can_have, why, fix)
 
 
 def check_on_host(size, rows, workers_on_host, already_held):
