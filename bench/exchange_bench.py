@@ -78,9 +78,7 @@ def launch(kind, sizes, reps, source=None, ranks=2):
     {size, or "gather SIZE": the slowest rank's seconds per all-reduce, or all-gather}. "ring-reduce": the
     ring's all-reduce alone."""
     ports = harness.free_ports(ranks)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    if source:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    env = dict(harness.env_with_source(source), TF_CPP_MIN_LOG_LEVEL="2")
     procs = [subprocess.Popen([sys.executable, HERE, "--worker", kind, str(rank), json.dumps(ports), json.dumps(sizes),
                                str(reps)], stdout=subprocess.PIPE, text=True, env=env) for rank in range(ranks)]
     outs = [json.loads(proc.communicate(timeout=600)[0].strip().splitlines()[-1]) for proc in procs]

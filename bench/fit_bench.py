@@ -161,9 +161,7 @@ def tfbarrier_fit_in_own_process(job, source=None, extra_env=None):
     (variables its Spark's training processes inherit). Its start-up includes Spark's: compare its
     throughput only."""
     def run(clock):
-        env = dict(os.environ, **(extra_env or {}))
-        if source:
-            env["PYTHONPATH"] = os.pathsep.join([source, env["PYTHONPATH"]])
+        env = dict(harness.env_with_source(source), **(extra_env or {}))
         subprocess.run([sys.executable, __file__, "--one-fit", clock, "--data", job.data, "--model", job.model,
                         "--batch", str(job.batch), "--steps", str(job.steps), "--epochs", str(job.epochs)],
                        env=env, check=True, stdout=subprocess.DEVNULL)

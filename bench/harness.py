@@ -82,6 +82,15 @@ def worktree(ref):
     return os.path.join(path, "python")
 
 
+def env_with_source(source):
+    """This process's environment, with ``source`` (an older revision's sources: ``worktree``) first on PYTHONPATH
+    when given: how a benchmark runs that revision in a process of its own."""
+    env = dict(os.environ)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def interleaved(contenders, rounds):
     """Run each contender once per round, in turn (the machine is noisy: neighbours see the same
     noise); ``contenders`` maps a name to a function returning the amount of work done (rows,

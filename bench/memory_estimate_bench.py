@@ -176,11 +176,8 @@ def driver(name, optimizers):
 
 def run_driver(name, optimizers, source=None):
     """``name``'s fits in a driver of their own, with ``source`` (an older revision's sources) first on its path."""
-    env = dict(os.environ)
-    if source:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     output = subprocess.run([sys.executable, __file__, "--driver", name, "--optimizers", *optimizers],
-                            check=True, capture_output=True, text=True, env=env).stdout
+                            check=True, capture_output=True, text=True, env=harness.env_with_source(source)).stdout
     found = json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
     print(name, {optimizer: (round(r["peak_mb"]), round(r["estimate_mb"])) for optimizer, r in found.items()},
           flush=True)
@@ -201,12 +198,13 @@ def main():
     runs = {(name, optimizer): [] for name in args.models for optimizer in args.optimizers
             if (name, optimizer) not in TOO_LARGE}
     before = {key: [] for key in runs} if args.baseline_ref else None
-    source = harness.worktree(args.baseline_ref) if args.baseline_ref else None
+    # (where the peaks go, the sources the driver imports): the baseline's first, then this tree's, per model
+    passes = ([(before, harness.worktree(args.baseline_ref))] if before is not None else []) + [(runs, None)]
     for _ in range(args.rounds):
         for name in args.models:
             optimizers = [optimizer for optimizer in args.optimizers if (name, optimizer) in runs]
-            for kept, path in ((before, source), (runs, None)) if before is not None else ((runs, None),):
-                for optimizer, found in run_driver(name, optimizers, path).items():
+            for kept, source in passes:
+                for optimizer, found in run_driver(name, optimizers, source).items():
                     kept[(name, optimizer)].append(found)
     harness.write_section("memory-estimate" + args.section, section(args, runs, before))
 

@@ -16,7 +16,7 @@ One step of N workers, each on a batch of B rows:
 - transport: what tfbarrier's ring itself (exchange/ring.py, the default exchange) moves per second when
   the link costs nothing: the gradients' all-reduce on loopback between N processes
   (bench/exchange_bench.py's "ring-reduce"), less its latency (the copies and sums of its chunks, which a
-  faster link does not shorten): ring_model_bench's 1 / beta.
+  faster link does not shorten): what ring_model_bench calls 1 / beta, measured here for N processes.
 - latency: per hop of the ring, a one-float all-reduce's time over its 2(N-1) hops: ring_model_bench's alpha.
 - fixed: everything else in a step (Keras's and tfbarrier's per-step work, the input pipeline, Spark's
   and the other processes' share of the cores): the contender's unshaped run less the rest of the
