@@ -122,7 +122,7 @@ BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-n
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
                 encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b \
-                warm-start ring-model hosts-overlap hosts-overlap-mlp
+                warm-start ring-model hosts-overlap hosts-overlap-mlp link
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -183,6 +183,9 @@ bench-cpu-pool: venv
 	$(PY) bench/cpu_pool_bench.py --rounds 3
 bench-warm-start: venv
 	$(PY) bench/warm_start_bench.py --baseline-ref f68997f --fits 4 --rounds 3
+# What the driver link's proof and the files' digests cost: time to first step and predict's first call (issue 72).
+bench-link: venv
+	$(PY) bench/link_bench.py --baseline-ref a882286 --fits 2 --rounds 3
 # The ring alone at 2 to 16 ranks on loopback, against its latency-bandwidth model (issue 59).
 bench-ring-model: venv
 	$(PY) bench/ring_model_bench.py --ranks 2 4 8 16 --rounds 3

@@ -9,8 +9,10 @@
 #' `system_site_packages = TRUE`.
 #'
 #' @param requirements Character vector of pip requirements.
-#' @param workon_home Where environments live; default `$WORKON_HOME`, else a directory in the
-#'   system's temporary directory.
+#' @param workon_home Where environments live; default `$WORKON_HOME`, else `tfbarrier-envs-<uid>` in the
+#'   system's temporary directory (made 0700). It must be the executor's user's alone (owned by it, written by
+#'   no other user): a directory or environment another user made or may write is refused with an error
+#'   naming its owner, never run.
 #' @param find_links,index_url,no_index Passed to pip: a wheelhouse (directory or URL), a private
 #'   index, no index at all (offline).
 #' @param system_site_packages Also see the executor Python's packages.

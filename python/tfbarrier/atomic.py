@@ -7,7 +7,13 @@ import os
 import threading
 import types
 
-LOCAL = types.SimpleNamespace(open=open, rename=os.replace, exists=os.path.exists, remove=os.unlink)
+
+def _open_private(path, mode):
+    """A new local file, created 0600 whatever the umask (its directory says who else may read it)."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), mode)
+
+
+LOCAL = types.SimpleNamespace(open=_open_private, rename=os.replace, exists=os.path.exists, remove=os.unlink)
 
 
 def gfile(tf):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from tfbarrier.errors import WorkerError
-from tfbarrier.exchange.ring import NONCE_BYTES, Ring
+from tfbarrier.exchange.ring import Ring
+from tfbarrier.exchange.ring_admission import NONCE_BYTES
 from tfbarrier.exchange.tls import Credentials
 
 SECRET = b"the job's secret"
@@ -240,3 +241,45 @@ def test_a_silent_stranger_holding_a_connection_open_does_not_delay_the_ring(tls
         took = time.monotonic() - started
     assert results == [[3.0], [3.0]]
     assert took < 3, f"the ring waited {took:.1f} s behind a stranger (admission's per-connection wait is 5 s)"
+
+
+class RecordingRing(Ring):
+    """tfbarrier's ring, noting the length of each array it sums: the gradient packs, in the order they cross."""
+
+    def all_reduce_sum(self, array, in_place=False):
+        self.summed = getattr(self, "summed", []) + [array.size]
+        return super().all_reduce_sum(array, in_place=in_place)
+
+
+def test_gradient_packs_cross_the_ring_last_layers_first():
+    """The backward pass makes the last layers' gradients first: their packs go first, so they travel while it
+    goes on (issue 59). Packs of one gradient each: the order of the variables, reversed."""
+    import tf_keras
+
+    from tfbarrier.exchange.ring_hooks import exchange_gradients
+    from tfbarrier.exchange.ring_training import TfKeras
+
+    socks, addresses = listeners(2)
+    orders, lock = [None, None], threading.Lock()
+
+    def rank(i):
+        ring = RecordingRing.join(i, addresses, SECRET, socks[i], timeout=20)
+        with lock:  # built one at a time (Keras names layers from a counter of the process)
+            model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(32), tf_keras.layers.Dense(3)])
+            model.compile(tf_keras.optimizers.SGD(0.1), "mse")
+            exchange_gradients(model.optimizer, ring, TfKeras(), {"bytes_per_pack": 4})
+            sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+        model.fit(np.ones((4, 64), "float32"), np.ones((4, 3), "float32"), batch_size=4, verbose=0)
+        orders[i] = (ring.summed, sizes)
+        ring.close()
+
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    for sock in socks:
+        sock.close()
+    for summed, sizes in orders:
+        assert sizes == [64 * 32, 32, 32 * 3, 3]
+        assert summed == sizes[::-1], f"packs crossed in the order {summed}, the variables' is {sizes}"

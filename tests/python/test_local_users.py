@@ -13,12 +13,14 @@ import tempfile
 import time
 
 import psutil
+import pytest
 import tf_keras
 from conftest import left_behind
 
 import tfbarrier
 from tfbarrier import faults, settings
-from tfbarrier.spark import protocol, workdirs
+from tfbarrier.errors import EnvironmentBuildError
+from tfbarrier.spark import environment, protocol, workdirs
 from tfbarrier.spark.launcher import TrainingProcess
 
 NOBODY = 65534
@@ -183,6 +185,31 @@ def test_a_directory_whose_owners_pid_now_names_another_process_is_swept(tmp_pat
     assert workdirs.sweep(tmp_path, force=True) == [directory]
 
 
+# In a PID namespace of its own (another container sharing the temporary directory as the same user), a job's
+# owner makes its directory in argv[1] as a job does, prints it, and lives until its standard input closes.
+OWNER_IN_ANOTHER_CONTAINER = """
+import os, sys, tempfile
+tempfile.tempdir = sys.argv[1]
+from tfbarrier.spark import workdirs
+print(workdirs.make("tfbarrier-job-"), os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_live_directory_of_another_pid_namespaces_owner_is_not_swept(tmp_path):
+    owner = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                              OWNER_IN_ANOTHER_CONTAINER, str(tmp_path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        directory, pid_there = owner.stdout.readline().split()
+        assert int(pid_there) < 10  # its pid in its own namespace, which here names another process or none
+        assert workdirs.sweep(str(tmp_path), force=True) == []
+        assert os.path.isdir(directory)
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=30)
+
+
 def test_predicts_copies_of_the_model_are_in_the_applications_own_directory(spark, digits_df):
     from pyspark import SparkFiles
 
@@ -194,3 +221,68 @@ def test_predicts_copies_of_the_model_are_in_the_applications_own_directory(spar
     assert copies and stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     assert set(read_as_nobody([directory, *copies]).values()) == {"PermissionError"}
     assert not glob.glob(os.path.join(tempfile.gettempdir(), "tfbarrier-models-*"))
+
+
+# Run as root, it becomes nobody and plants an environment at argv[1] (the environments' directory) for the key
+# argv[2]: a marker file and a bin/python that writes argv[3] when anything runs it.
+PLANT_AN_ENVIRONMENT = """
+import os, sys
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+home, key, ran = sys.argv[1:]
+target = os.path.join(home, "tfbarrier-" + key)
+os.makedirs(os.path.join(target, "bin"), 0o777)
+os.chmod(home, 0o777)
+open(os.path.join(target, "tfbarrier-env.json"), "w").write("{}")
+python = os.path.join(target, "bin", "python")
+open(python, "w").write("#!/bin/sh\\ntouch " + ran + "\\nexec " + sys.executable + " \\"$@\\"\\n")
+os.chmod(python, 0o755)
+"""
+
+
+@pytest.fixture
+def shared_tmp(monkeypatch):
+    """A temporary directory shared by every local user (1777, as /tmp is), this process's for the test."""
+    shared = tempfile.mkdtemp(prefix="shared-tmp-", dir="/tmp")
+    os.chmod(shared, 0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", shared)
+    yield shared
+    subprocess.run(["rm", "-rf", shared], check=True)
+
+
+def test_an_environment_another_user_planted_where_the_cache_lives_is_refused_and_never_run(shared_tmp):
+    env = environment.PythonEnv(requirements=["tfbarrier-probe==1.0"])
+    ran = os.path.join(shared_tmp, "planted-python-ran")
+    subprocess.run([sys.executable, "-c", PLANT_AN_ENVIRONMENT, env.home(), env.key(), ran], check=True, timeout=60)
+    with pytest.raises(EnvironmentBuildError) as refused:
+        python, _ = environment.ensure(env)
+        subprocess.run([python, "-c", "pass"], timeout=60)  # what the task does with it: its training process
+    assert env.home() in str(refused.value) and "nobody" in str(refused.value)
+    assert "workon_home" in str(refused.value)  # the fix
+    assert not os.path.exists(ran)
+
+
+@pytest.mark.parametrize("how", ["another_users", "others_may_write", "a_link"])
+def test_a_workon_home_not_this_users_alone_is_refused_naming_it(tmp_path, how):
+    home = tmp_path / "envs"
+    if how == "a_link":
+        (tmp_path / "elsewhere").mkdir()
+        home.symlink_to(tmp_path / "elsewhere")
+    else:
+        home.mkdir(mode=0o700)
+        os.chown(home, NOBODY, NOBODY) if how == "another_users" else os.chmod(home, 0o777)
+    env = environment.PythonEnv(workon_home=str(home))
+    with pytest.raises(EnvironmentBuildError, match="environments' directory"):
+        environment.ensure(env)
+    assert not os.path.exists(tmp_path / "elsewhere" / f"tfbarrier-{env.key()}")
+
+
+def test_the_default_environment_cache_is_this_users_and_private(shared_tmp):
+    env = environment.PythonEnv()
+    python, info = environment.ensure(env)  # no requirements: a bare venv, built in a second or two
+    home = env.home()
+    assert home == os.path.join(shared_tmp, f"tfbarrier-envs-{os.geteuid()}")
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(home, environment.BUILD_LOG)).st_mode) == 0o600
+    assert info["built"] and python.startswith(home + os.sep)
+    assert read_as_nobody([home]) == {home: "PermissionError"}
+    assert workdirs.leftovers(shared_tmp) == []  # a cache, not a leftover: never swept

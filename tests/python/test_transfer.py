@@ -5,6 +5,7 @@ receives is measured where pyspark hands it over (what_spark_gets), not with tfb
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import socket
 import time
@@ -237,3 +238,20 @@ def test_tasks_that_cannot_reach_the_driver_link_get_the_job_again_with_its_file
     assert [r.transfer["via"] for r in results] == ["spark", "spark"]
     assert dataclasses.replace(job).function.data is None  # the caller's job is left as it was
     assert left_behind() == []
+
+
+def test_an_executors_copy_of_a_predict_model_is_used_only_while_it_is_the_file_its_digest_names(spark):
+    from pyspark import SparkFiles
+
+    from tfbarrier.models import scoring_models
+
+    weights = b"the model's weights" * 100
+    name = f"{hashlib.sha256(weights).hexdigest()[:32]}-scoring.safetensors"
+    scoring = {"payload": transfer.Payload(name, len(weights), sha256=hashlib.sha256(weights).hexdigest()),
+               "broadcast": spark.sparkContext.broadcast(weights)}
+    path = scoring_models.weights_file(scoring)  # local mode: the executor's directory is the driver's
+    assert os.path.dirname(path) == os.path.join(SparkFiles.getRootDirectory(), "tfbarrier-models")
+    with open(path, "r+b") as f:  # changed where it is kept, its name (and its digest's prefix) unchanged
+        f.write(b"planted")
+    assert scoring_models.weights_file(scoring) == path
+    assert open(path, "rb").read() == weights

@@ -3,9 +3,9 @@
 How the workers of a fit over tfbarrier's ring exchange gradients and metric states (ring_training.py;
 docs/gradient-exchange-design.md).
 Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
-after both sides proved that they hold the job's secret (HMAC-SHA256 over both sides' nonces, so nothing a
-stranger sends is read as data and a recorded exchange cannot be replayed). With the job's TLS credentials
-(job_tls.py: the cluster encrypts), each connection is TLS first and the proofs go inside it.
+after both sides proved that they hold the job's secret (ring_admission.py, which also keeps strangers'
+connections from stretching or stopping the wait), over TLS with the job's credentials (tls.py: the cluster
+encrypts).
 ``Ring.all_reduce_sum`` sums equal-shaped numpy arrays across the ring: reduce-scatter, then all-gather, each
 process sending 2 (n - 1) / n of the array's bytes. A failure is a WorkerError, retryable when a peer is
 missing, not when a peer cannot prove that it belongs to the job; a peer lost once the ring is made is a
@@ -13,12 +13,8 @@ PeerLostError, which the ring also keeps (``failure``): raised inside a compiled
 caller its own error for it.
 """
 
-import hashlib
-import hmac
 import queue
-import secrets
 import socket
-import ssl
 import struct
 import threading
 import time
@@ -27,12 +23,10 @@ import zlib
 import numpy as np
 
 from tfbarrier.errors import PeerLostError, WorkerError
+from tfbarrier.exchange import ring_admission
 from tfbarrier.exchange.tls import describe
 
-NONCE_BYTES = 32
-_HELLO = struct.Struct("!I")  # the connecting process's rank
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
-RETRY = "retry"  # _greet: connect again until the deadline
 DEAD_LINK_SECONDS = 10  # a link that answers nothing for this long fails the ring (_fail_on_dead_links)
 
 
@@ -40,122 +34,6 @@ def _aggregation(variable):
     """How a variable aggregates across replicas: "sum", "mean"...: Keras 3's name, or tf.VariableAggregation's."""
     aggregation = getattr(variable, "aggregation", "sum")
     return str(getattr(aggregation, "name", aggregation)).lower()
-
-
-def _proof(secret, label, *parts):
-    return hmac.new(secret, label + b"".join(parts), hashlib.sha256).digest()
-
-
-def _recv_exactly(sock, size):
-    data = bytearray(size)
-    _recv_into(sock, memoryview(data))
-    return data
-
-
-def _recv_into(sock, view):
-    """Fill ``view`` (a writable byte view) from ``sock``."""
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if not n:
-            raise ConnectionError("the peer closed the connection")
-        got += n
-
-
-def _admit(conn, secret, expected_rank):
-    """The accepting side: the peer proves the secret first, then this side does."""
-    nonce = secrets.token_bytes(NONCE_BYTES)
-    conn.sendall(nonce)
-    hello = _recv_exactly(conn, _HELLO.size + NONCE_BYTES + 32)
-    rank, their_nonce, proof = _HELLO.unpack(hello[:4])[0], hello[4:4 + NONCE_BYTES], hello[4 + NONCE_BYTES:]
-    if rank != expected_rank or not hmac.compare_digest(
-            proof, _proof(secret, b"tfbarrier-ring-hello", nonce, their_nonce, hello[:4])):
-        return False
-    conn.sendall(_proof(secret, b"tfbarrier-ring-welcome", their_nonce, nonce))
-    return True
-
-
-def _introduce(sock, secret, rank):
-    """The connecting side: prove the secret, then check the peer's proof."""
-    their_nonce = _recv_exactly(sock, NONCE_BYTES)
-    nonce, hello = secrets.token_bytes(NONCE_BYTES), _HELLO.pack(rank)
-    sock.sendall(hello + nonce + _proof(secret, b"tfbarrier-ring-hello", their_nonce, nonce, hello))
-    welcome = _recv_exactly(sock, 32)
-    return hmac.compare_digest(welcome, _proof(secret, b"tfbarrier-ring-welcome", nonce, their_nonce))
-
-
-def _greet(sock, credentials, rank):
-    """The connecting side's TLS (with ``credentials``' job_tls.Credentials) and proof of the secret:
-    (the socket, None), (it, why the peer is not this job's), or (it, RETRY) when the TLS handshake failed
-    otherwise (the peer went away, or it is not speaking TLS: not yet the job's process there)."""
-    secret, tls = credentials
-    try:
-        if tls is not None:
-            sock = tls.client(sock)
-    except ssl.SSLCertVerificationError as exc:
-        return sock, f"did not present the job's certificate ({exc.verify_message})"
-    except OSError:
-        return sock, RETRY
-    try:
-        if _introduce(sock, secret, rank):
-            return sock, None
-        return sock, "did not prove that it holds this job's secret"
-    except OSError as exc:  # the peer closed: it did not accept this process's proof
-        return sock, f"refused this process's proof of the job's secret ({exc})"
-
-
-class _Admission:
-    """The accepting side's wait for the previous rank on ``listener``: each connection is tried in a thread
-    of its own, so a stranger that holds one open (or stalls its TLS handshake) delays nobody; the first to
-    prove the secret is kept, every other connection closed."""
-
-    def __init__(self, listener, credentials, expected_rank, deadline):
-        self.refused, self._conn, self._abandoned = 0, None, False
-        self._lock, self._admitted = threading.Lock(), threading.Event()
-        self._listener, self._credentials, self._rank, self._deadline = listener, credentials, expected_rank, deadline
-        threading.Thread(target=self._accept, name="tfbarrier-ring-accept", daemon=True).start()
-
-    def _accept(self):
-        while not self._admitted.is_set() and time.monotonic() < self._deadline:
-            try:  # the listener may close (the ring made) at any moment
-                self._listener.settimeout(min(0.2, max(0.01, self._deadline - time.monotonic())))
-                conn, _ = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:  # the listener closed
-                return
-            threading.Thread(target=self._try, args=(conn,), name="tfbarrier-ring-admit", daemon=True).start()
-
-    def _try(self, conn):
-        secret, tls = self._credentials
-        conn.settimeout(max(0.01, min(5.0, self._deadline - time.monotonic())))
-        try:
-            if tls is not None:
-                conn = tls.server(conn)  # a stranger speaking plain TCP fails here
-            admitted = _admit(conn, secret, self._rank)
-        except OSError:  # the stranger closed or went quiet
-            admitted = False
-        with self._lock:
-            if admitted and self._conn is None and not self._abandoned:
-                self._conn = conn
-                self._admitted.set()
-                return
-            self.refused += not admitted
-        conn.close()
-
-    def wait(self, seconds):
-        """The admitted connection, or None after ``seconds``."""
-        self._admitted.wait(seconds)
-        with self._lock:
-            return self._conn
-
-    def abandon(self):
-        """Stop waiting; close what got in meanwhile."""
-        with self._lock:
-            self._abandoned, conn, self._conn = True, self._conn, None
-        self._admitted.set()
-        if conn is not None:
-            conn.close()
 
 
 def _fail_on_dead_links(sock):
@@ -193,8 +71,9 @@ class Ring:
         size = len(addresses)
         if size == 1:
             return cls(rank, 1, None, None, timeout)
-        deadline = time.monotonic() + timeout
-        admission = _Admission(listener, (secret, tls), (rank - 1) % size, deadline)
+        deadline, previous = time.monotonic() + timeout, (rank - 1) % size
+        admission = ring_admission.Admission(listener, (secret, tls), previous, deadline,
+                                             ring_admission.addresses_of(addresses[previous]))
         try:
             right = cls._connect(addresses[(rank + 1) % size], (secret, tls), rank, deadline)
         except WorkerError:
@@ -204,9 +83,7 @@ class Ring:
         if left is None:
             admission.abandon()
             right.close()
-            raise WorkerError(f"worker {(rank - 1) % size} did not join the ring within {timeout:g} s "
-                              f"({admission.refused} connection(s) without the job's secret refused)",
-                              worker=(rank - 1) % size, retryable=True)
+            raise ring_admission.not_joined(admission, previous, rank, addresses, timeout)
         try:
             for sock in (left, right):
                 sock.settimeout(timeout)
@@ -220,6 +97,8 @@ class Ring:
 
     @staticmethod
     def _connect(address, credentials, rank, deadline):
+        """A connection to ``address`` (the next rank) that proved the secret both ways; WorkerError by
+        ``deadline``, or at once when the process there proves to be no peer of this job."""
         host, port = address.rsplit(":", 1)
         last = None
         while time.monotonic() < deadline:
@@ -229,11 +108,11 @@ class Ring:
                 last = exc
                 time.sleep(0.05)
                 continue
-            sock, why = _greet(sock, credentials, rank)
+            sock, why = ring_admission.greet(sock, credentials, rank)
             if why is None:
                 return sock
             sock.close()
-            if why is RETRY:
+            if why is ring_admission.RETRY:
                 last = "the TLS handshake failed"
                 time.sleep(0.05)
                 continue
@@ -258,8 +137,8 @@ class Ring:
         self._sends.put((_STEP.pack(self._step), payload))
         self.bytes_sent += _STEP.size + payload.nbytes
         try:
-            step = _STEP.unpack(_recv_exactly(self._left, _STEP.size))[0]
-            _recv_into(self._left, memoryview(into.reshape(-1).view(np.uint8)))  # contiguous: a view, not a copy
+            step = _STEP.unpack(ring_admission.recv_exactly(self._left, _STEP.size))[0]
+            ring_admission.recv_into(self._left, memoryview(into.reshape(-1).view(np.uint8)))  # contiguous: a view, not a copy
         except OSError as exc:  # a timeout, a closed or reset connection
             raise self._lost(self.rank - 1, f"went silent in the ring ({exc})") from None
         if step != self._step:

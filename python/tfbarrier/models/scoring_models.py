@@ -72,7 +72,8 @@ def scoring_model(spark, model, adapters=None):
     if source is None:
         with transfer.JobFiles() as scratch:
             payload = scratch.inline(scratch.add(name, write))
-        source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": transfer.Payload(name, payload.size)}
+        source = {"broadcast": cluster.broadcast(spark, payload.data),
+                  "payload": transfer.Payload(name, payload.size, sha256=payload.sha256)}
     model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
     # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
     objects = native_model.pickled_custom_objects(model) if flavor == "keras3" and adapters is None else None
@@ -102,19 +103,23 @@ def _models_directory():
 
 
 def weights_file(scoring):
-    """This host's copy of the scoring model's weights, fetched from the driver the first time."""
+    """This host's copy of the scoring model's weights, fetched from the driver the first time; a copy kept
+    here is used only while it is still the file the model's digest names."""
     directory = _models_directory()
-    path = os.path.join(directory, scoring["payload"].name)
-    if os.path.exists(path):
-        os.utime(path)
-        return path
+    payload = scoring["payload"]
+    path = os.path.join(directory, payload.name)
+    with contextlib.suppress(FileNotFoundError):  # another Python worker of this host may prune it meanwhile
+        if transfer.sha256_of(path) == payload.sha256:
+            os.utime(path)
+            return path
+        os.unlink(path)  # changed since it was fetched: fetched again
     if "broadcast" in scoring:
         with atomic.written_aside(path) as f:
             f.write(scoring["broadcast"].value)
     else:
         endpoint = scoring["endpoint"]
         try:
-            driver_link.fetch(endpoint, scoring["payload"].name, path)
+            driver_link.fetch(endpoint, payload.name, path, payload.sha256)
         except OSError as exc:
             raise ClusterError(
                 f"this executor could not fetch the model from the driver at {endpoint['host']}:{endpoint['port']} "

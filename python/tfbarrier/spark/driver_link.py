@@ -1,68 +1,96 @@
 """The link between the driver and its tasks while a job runs: a small TCP server on the driver's
 address (``DriverServer``) and each task's connection to it (``DriverLink``).
 
-A task connects back, sends the job's secret token first (a connection without it is closed), then
-JSON lines, each a message with a ``kind`` and the task's ``worker`` index, one way: events, progress
-and log lines, which the server keeps (``events``) and hands to ``on_message`` (the progress display).
-A request (``DriverLink.request``, the rendezvous) goes on a connection of its own and gets one line back
-from the handler of its kind, which may answer from another thread: that connection's own thread writes
-the answer, so no connection is ever read and written at once (a TLS socket must not be). Messages are a
-convenience, never a dependency: a task that cannot reach the driver trains on, its sends do nothing and
-its requests answer None.
+Every connection proves that it holds the job's token before anything is read from it, without sending
+the token: the server sends a fresh nonce, the task answers with its hello (what the connection is for)
+and an HMAC-SHA256 of the nonce and that hello under the token (link_wire.py), so what crosses the wire
+neither admits anyone else nor replays. Until then a connection is a stranger's: its hello is read within
+CONNECT_TIMEOUT and at most link_wire.HELLO_LIMIT bytes, and at most PENDING_PER_SOURCE of them from one address
+(PENDING_LIMIT in all) wait at once; more are closed on arrival, counted by address (``strangers``), and
+start no thread. Then JSON lines, each a message with a ``kind`` and the task's ``worker`` index, one way:
+events, progress and log lines, which the server keeps (``events``) and hands to ``on_message`` (the
+progress display). A request (``DriverLink.request``, the rendezvous) goes on a connection of its own and
+gets one line back from the handler of its kind, which may answer from another thread: that connection's
+own thread writes the answer, so no connection is ever read and written at once (a TLS socket must not
+be). Messages are a convenience, never a dependency: a task that cannot reach the driver trains on, its
+sends do nothing and its requests answer None.
 
-With the job's TLS credentials (job_tls.py: the cluster encrypts), every connection is TLS from its first
-byte, the token inside; a connection whose handshake fails counts as refused, like a wrong token.
+With the job's TLS credentials (tls.py: the cluster encrypts), every connection is TLS from its first
+byte, the proof inside; a connection whose handshake fails counts as refused, like a wrong proof.
 
-Files go over connections of their own, the token first as well: ``fetch`` streams a file the
-server offers (the model's weights, transfer.py) into a file of the task's, ``put`` streams a task's
-file (the trained weights) into one the server takes. Neither holds a file in memory: the driver
-sends from disk (``socket.sendfile``, a read-and-send loop over TLS) and both sides write as the bytes come.
+Files go over connections of their own, proved as well: ``fetch`` streams a file the server offers (the
+model's weights, transfer.py) into a file of the task's, ``put`` streams a task's file (the trained
+weights) into one the server takes. Neither holds a file in memory: the driver sends from disk
+(``socket.sendfile``, a read-and-send loop over TLS) and both sides write as the bytes come, hashing them
+(SHA-256): a fetched file whose digest is not the one its job carries is never put in place, and the
+driver checks what it received against the digest the task's result carries (transfer.py), so bytes
+changed on the wire are refused before anything unpickles or loads them.
 """
 
+import collections
 import contextlib
 import json
 import os
 import queue
 import secrets
-import socket
 import socketserver
 import ssl
 import sys
 import threading
 import time
 
-from tfbarrier import atomic, settings
+from tfbarrier import settings
 from tfbarrier.exchange.tls import describe
+from tfbarrier.spark import link_wire
 
-COPY_CHUNK = 2**20  # bytes read and written at a time while a file streams in
+PENDING_PER_SOURCE = 8  # connections from one address that may wait to prove the token at once
+PENDING_LIMIT = 64  # such connections from all addresses
 
 
 class _Handler(socketserver.StreamRequestHandler):
     def setup(self):
-        tls = self.server.owner.tls
+        self.accepted = self.request  # the plain socket, which the server counts while it waits
+        self.request.settimeout(settings.CONNECT_TIMEOUT)  # for the TLS handshake and the hello: a stranger's
+        tls = self.server.owner.tls                        # silence ends here
         if tls is not None:  # the handshake runs here, in the connection's thread: a stranger holds up no other
-            self.request.settimeout(settings.CONNECT_TIMEOUT)
             self.request = tls.server(self.request)
-            self.request.settimeout(None)
         super().setup()
 
     def handle(self):
         server = self.server.owner
         try:
-            hello = json.loads(self.rfile.readline())
-        except ValueError:
-            hello = {}
-        if not isinstance(hello, dict) or not secrets.compare_digest(str(hello.get("token", "")), server.token):
-            server.rejected += 1
+            hello = self._proved_hello(server)
+        finally:
+            self.server.done_waiting(self.accepted)
+        if hello is None:
+            server.refuse(self.client_address)
             return  # closing the connection is the answer
+        if "fetch" in hello or "put" in hello:
+            self.request.settimeout(settings.TRANSFER_IDLE_TIMEOUT)
         if "fetch" in hello:
             self._send_file(server.files, hello["fetch"])
         elif "put" in hello:
             self._receive_file(server.files, hello["put"], hello.get("size"))
         elif isinstance(hello.get("request"), dict):
+            self.request.settimeout(None)
             self._answer_request(server, hello["request"])
         else:
+            self.request.settimeout(None)  # a task's messages: as long as it runs
             self._messages(server)
+
+    def _proved_hello(self, server):
+        """The connection's hello once it proved the token (the server's nonce, then one line); None otherwise."""
+        nonce = secrets.token_bytes(link_wire.NONCE_BYTES)
+        self.wfile.write(json.dumps({"nonce": nonce.hex()}).encode() + b"\n")
+        line = self.rfile.readline(link_wire.HELLO_LIMIT)
+        try:
+            hello = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:
+            hello = None
+        if not isinstance(hello, dict):
+            return None
+        proof = str(hello.pop("proof", ""))
+        return hello if secrets.compare_digest(proof, link_wire.proof(server.token, nonce, hello)) else None
 
     def finish(self):
         super().finish()
@@ -79,10 +107,10 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def _receive_file(self, files, name, size):
         path = files.receiving(name) if files is not None else None
-        if path is None or not isinstance(size, int):
+        if path is None or not isinstance(size, int) or size < 0:
             self._reply({"error": f"the driver takes no file {name!r}"})
             return
-        _copy(self.rfile, path, size)
+        files.took(name, link_wire.copy_into(self.rfile, path, size))
         self._reply({"received": size})
 
     def _answer_request(self, server, message):
@@ -111,11 +139,47 @@ class _Handler(socketserver.StreamRequestHandler):
 class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = PENDING_LIMIT
+
+    def __init__(self, *args, **kwargs):
+        self._waiting, self._pending_lock = {}, threading.Lock()  # accepted socket -> address, until it proved
+        super().__init__(*args, **kwargs)
+
+    def verify_request(self, request, client_address):
+        """In the accepting thread: a connection starts a thread only while its address, and all, have room."""
+        source = client_address[0]
+        with self._pending_lock:
+            room = (sum(waiting == source for waiting in self._waiting.values()) < PENDING_PER_SOURCE
+                    and len(self._waiting) < PENDING_LIMIT)
+            if room:
+                self._waiting[request] = source
+        if not room:
+            self.owner.refuse(client_address)
+        return room
+
+    def done_waiting(self, request):
+        """The connection ``request`` proved the token, was refused or ended: it no longer waits."""
+        with self._pending_lock:
+            self._waiting.pop(request, None)
+
+    def process_request(self, request, client_address):
+        try:
+            super().process_request(request, client_address)
+        except RuntimeError:  # no thread to be had: this connection is closed, the server goes on
+            self.done_waiting(request)
+            self.owner.refuse(client_address)
+            self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:  # a failed TLS handshake never reached the handler's own account
+            self.done_waiting(request)
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError, TimeoutError)):
             super().handle_error(request, client_address)  # the driver's own trouble (a full disk...): printed
-        self.owner.rejected += 1  # a failed TLS handshake, or a task gone mid-message
+        self.owner.refuse(client_address)  # a failed TLS handshake or a silent stranger, or a task gone mid-message
 
 
 class DriverServer:
@@ -130,7 +194,7 @@ class DriverServer:
         self.requests = dict(requests or {})
         self.files = files
         self.events = []
-        self.rejected = 0
+        self.strangers = collections.Counter()  # address -> connections refused: no proof, or no room to wait
         self._lock = threading.Lock()
         self._server = _TCPServer((host, 0), _Handler)
         self._server.owner = self
@@ -155,6 +219,20 @@ class DriverServer:
             if self.on_message is not None:
                 self.on_message(message)
 
+    @property
+    def rejected(self):
+        """How many connections were refused."""
+        return sum(self.strangers.values())
+
+    def describe_strangers(self):
+        """The refused connections by address, the most first ("300 from 10.0.0.7"), or ""."""
+        with self._lock:
+            return ", ".join(f"{count} from {address}" for address, count in self.strangers.most_common(5))
+
+    def refuse(self, client_address):
+        with self._lock:
+            self.strangers[client_address[0]] += 1
+
     def workers_heard(self):
         return {m.get("worker") for m in self.events}
 
@@ -176,9 +254,9 @@ class DriverLink:
         if not endpoint:
             return
         try:
-            self._sock = _connect(endpoint)
+            self._sock, answers = link_wire.open_proved(endpoint)
+            answers.close()  # the driver answers nothing on this connection
             self._sock.settimeout(None)
-            self._sock.sendall(json.dumps({"token": endpoint["token"]}).encode() + b"\n")
         except OSError:
             self._sock = None
 
@@ -220,9 +298,10 @@ class DriverLink:
         """The TLS version and cipher of this link, or None: plain TCP, or no link."""
         return describe(self._sock)
 
-    def fetch(self, name, path):
-        """Stream the driver's file ``name`` into ``path``; its size. Raises OSError when it cannot."""
-        return fetch(self._endpoint, name, path)
+    def fetch(self, name, path, sha256):
+        """Stream the driver's file ``name`` (whose SHA-256 is ``sha256``) into ``path``; its size. Raises
+        OSError when it cannot."""
+        return fetch(self._endpoint, name, path, sha256)
 
     def put(self, name, path):
         """Stream the file at ``path`` to the driver as ``name``; its size. Raises OSError when it cannot."""
@@ -268,24 +347,10 @@ def _file_connection(endpoint, **hello):
     """A connection of its own for one file, the hello sent: (socket, a reader of its answers)."""
     if not endpoint:
         raise ConnectionError("the job has no driver link")
-    with _connect(endpoint) as sock:
+    sock, answers = link_wire.open_proved(endpoint, **hello)
+    with sock, answers:
         sock.settimeout(settings.TRANSFER_IDLE_TIMEOUT)
-        sock.sendall(json.dumps({"token": endpoint["token"], **hello}).encode() + b"\n")
-        with sock.makefile("rb") as answers:
-            yield sock, answers
-
-
-def _connect(endpoint):
-    """A connection to the driver's link, TLS when its endpoint pins a certificate."""
-    sock = socket.create_connection((endpoint["host"], endpoint["port"]), timeout=settings.CONNECT_TIMEOUT)
-    tls = endpoint.get("tls")
-    if tls is None:
-        return sock
-    try:
-        return tls.client(sock)
-    except OSError:
-        sock.close()
-        raise
+        yield sock, answers
 
 
 def _answer(answers, name):
@@ -301,22 +366,13 @@ def _answer(answers, name):
     return answer
 
 
-def fetch(endpoint, name, path):
+def fetch(endpoint, name, path, sha256):
     """Stream the file ``name`` offered by the DriverServer at ``endpoint`` into ``path``, written aside
-    and renamed into place once whole; its size. Raises OSError (ConnectionError...) when it cannot."""
+    and renamed into place once whole and its SHA-256 ``sha256``; its size. Raises OSError (ConnectionError,
+    link_wire.DigestMismatch...) when it cannot."""
     with _file_connection(endpoint, fetch=name) as (sock, answers):
         size = _answer(answers, name)["size"]
-        _copy(answers, path, size)
+        link_wire.copy_into(answers, path, size, sha256)
     return size
 
 
-def _copy(source, path, size):
-    """``size`` bytes of ``source`` (a binary reader) into a new file at ``path``, a chunk at a time."""
-    with atomic.written_aside(path) as f:
-        left = size
-        while left:
-            chunk = source.read(min(COPY_CHUNK, left))
-            if not chunk:
-                raise ConnectionError(f"the connection closed {size - left} of {size} bytes into {path!r}")
-            f.write(chunk)
-            left -= len(chunk)

@@ -10,16 +10,24 @@ per environment and host at a time (a file lock); it builds in a temporary direc
 into place once pip succeeded and the completion marker is written, so a half-built environment is
 never used, and a directory without the marker is removed and rebuilt. Every build appends a line to
 ``<workon_home>/tfbarrier-builds.log``.
+
+An environment's ``bin/python`` runs as the executor's user, so only that user may have made it: the
+home is this user's alone (by default ``<tmp>/tfbarrier-envs-<uid>``, made 0700), checked before each use
+(``private_home``: owned by this user, written by no other, no link on the way), and so is every
+environment in it; the lock and the log are opened without following links.
 """
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import site
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +37,7 @@ import time
 from tfbarrier import settings
 from tfbarrier.errors import EnvironmentBuildError, InvalidArgumentError
 from tfbarrier.settings import BUILD_TIMEOUT, WORKON_HOME_ENV
+from tfbarrier.spark import workdirs
 
 MARKER = "tfbarrier-env.json"
 BUILD_LOG = "tfbarrier-builds.log"
@@ -87,8 +96,8 @@ class PythonEnv:
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
     def home(self):
-        default = os.path.join(tempfile.gettempdir(), "tfbarrier-envs")
-        return self.workon_home or os.environ.get(WORKON_HOME_ENV) or default
+        default = os.path.join(tempfile.gettempdir(), f"{workdirs.CACHE_PREFIX}{os.geteuid()}")
+        return os.path.abspath(os.path.expanduser(self.workon_home or os.environ.get(WORKON_HOME_ENV) or default))
 
 
 def _python(prefix):
@@ -102,7 +111,7 @@ class _Lock:
         self.path, self.timeout = path, timeout
 
     def __enter__(self):
-        self.file = open(self.path, "w")
+        self.file = _private_append(self.path)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -118,6 +127,64 @@ class _Lock:
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+def _private_append(path):
+    """``path`` opened to append, created 0600, never through a link another user planted there."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a")
+
+
+def _user(uid):
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _refuse(path, info, what, host):
+    raise EnvironmentBuildError(
+        f"{what} {path} on {host} belongs to {_user(info.st_uid)} (mode {stat.S_IMODE(info.st_mode):o}), not to "
+        f"{_user(os.geteuid())} alone: the training processes would run a Python that another user could have put "
+        "there. Remove it, or give PythonEnv a workon_home of this user's own", host=host)
+
+
+def _trusted(info, sticky_ok=False):
+    """Whether a file's owner is this user or root and no other user may write to it (a sticky directory
+    such as /tmp, where others may add entries but not move this user's, when ``sticky_ok``)."""
+    if info.st_uid not in (os.geteuid(), 0):
+        return False
+    return not info.st_mode & 0o022 or (sticky_ok and bool(info.st_mode & stat.S_ISVTX))
+
+
+def private_home(home, host):
+    """``home`` made (0700) if missing, and checked: a directory (not a link) this user owns that no other
+    user may write to, under directories only this user or root may change. EnvironmentBuildError otherwise."""
+    os.makedirs(os.path.dirname(home), 0o700, exist_ok=True)
+    parent = os.path.realpath(os.path.dirname(home))
+    ancestor = parent
+    while True:
+        info = os.stat(ancestor)
+        if not _trusted(info, sticky_ok=True):
+            _refuse(ancestor, info, "the directory above the environments", host)
+        if ancestor == os.path.dirname(ancestor):
+            break
+        ancestor = os.path.dirname(ancestor)
+    home = os.path.join(parent, os.path.basename(home))
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(home, 0o700)
+    info = os.lstat(home)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        _refuse(home, info, "the environments' directory", host)
+    return home
+
+
+def _check_built(target, host):
+    """A built environment (its directory, marker and bin/) is this user's alone: in a home of this user's only
+    such ones are, unless an older tfbarrier made the home."""
+    for path in (target, os.path.join(target, MARKER), os.path.dirname(_python(target))):
+        info = os.lstat(path)
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022 or stat.S_ISLNK(info.st_mode):
+            _refuse(path, info, "the environment's", host)
 
 
 def _parent_site_packages(prefix):
@@ -158,8 +225,7 @@ def ensure(env):
     environment if this host has no finished copy of it."""
     started = time.time()
     host = socket.gethostname()
-    home = env.home()
-    os.makedirs(home, exist_ok=True)
+    home = private_home(env.home(), host)
     target = os.path.join(home, f"tfbarrier-{env.key()}")
     marker = os.path.join(target, MARKER)
     info = {"path": target, "built": False}
@@ -175,9 +241,10 @@ def ensure(env):
                     os.rename(building, target)
                 finally:
                     shutil.rmtree(building, ignore_errors=True)
-                with open(os.path.join(home, BUILD_LOG), "a") as f:
+                with _private_append(os.path.join(home, BUILD_LOG)) as f:
                     f.write(f"{time.time():.3f} {host} {os.getpid()} {target}\n")
                 info["built"] = True
+    _check_built(target, host)
     info["seconds"] = time.time() - started
     return _python(target), info
 

@@ -229,12 +229,15 @@ class Relays:
 
     def start(self, conn, inherited, tf, import_error, imported):
         """Fork a relay for the task at ``conn``; ``inherited``: the keeper's descriptors it closes."""
+        keeper = os.getpid()
         pid = _fork()
         if pid == 0:
             code = 1
             try:
                 _close(inherited)
                 die_with_parent()
+                if os.getppid() != keeper:  # the keeper died before that took effect: nobody to relay for
+                    return
                 _relay(conn, tf, import_error, imported)
                 code = 0
             finally:

@@ -78,6 +78,13 @@ def request(python, env, idle_timeout):
     return Handover(conn)
 
 
+def _a_process_home(path):
+    """Whether ``path`` is what a keeper hands over as its process's home: a private tfbarrier directory made
+    for a process (workdirs.py)."""
+    return (isinstance(path, str) and os.path.basename(path).startswith("tfbarrier-process-")
+            and workdirs.is_private(path))
+
+
 class Handover:
     """A training process a keeper is forking for this task: asked for first, received once the task has
     done what it can meanwhile (a keeper that still imports TensorFlow hands it over when done)."""
@@ -104,6 +111,10 @@ class Handover:
             return None
         conn.settimeout(None)
         handed = json.loads(data)
+        if not _a_process_home(handed.get("home")):  # the task removes it when the process ends: only such a one
+            os.close(fds[0])
+            conn.close()
+            return None
         channel = protocol.Channel(socket.socket(fileno=fds[0]))
         return TrainingProcess.taken_over(KeptProcess(conn, handed["pid"]), channel, handed["home"])
 

@@ -67,7 +67,7 @@ def run(frame, job, num_workers, files, verbose=1, global_batch=None, max_retrie
     job = dataclasses.replace(job, link=server and server.endpoint, verbose=verbose, tls=tls)
     try:
         results, attempts = submit_with_retries(frame, job, files, display, max_retries=max_retries, timeout=timeout,
-                                                num_workers=num_workers, meeting=meeting)
+                                                num_workers=num_workers, meeting=meeting, link=server)
     finally:
         meeting.close()
         if server is not None:
@@ -153,9 +153,11 @@ def _wait_for_slots(spark, num_workers, error, deadline, attempts):
         raise refused from error
 
 
-def submit_with_retries(frame, job, files, display, max_retries=0, timeout=None, num_workers=None, meeting=None):
+def submit_with_retries(frame, job, files, display, max_retries=0, timeout=None, num_workers=None, meeting=None,
+                        link=None):
     """``submit`` until it succeeds or faults.RetryPolicy gives up (after a lost worker, once the cluster
-    has ``num_workers`` slots again). Returns (results, attempts): one dict per attempt."""
+    has ``num_workers`` slots again). Returns (results, attempts): one dict per attempt. ``link``: the job's
+    DriverServer, whose refused strangers a job sent again through Spark names."""
     deadline = None if timeout is None else job.started_at + timeout
     attempts, policy = [], faults.RetryPolicy(max_retries)
     while True:
@@ -169,8 +171,10 @@ def submit_with_retries(frame, job, files, display, max_retries=0, timeout=None,
             if step is faults.Next.RAISE:
                 raise
             if step is faults.Next.RESEND_THROUGH_SPARK:
+                strangers = link.describe_strangers() if link is not None else ""
                 display.unavailable(f"{str(error).splitlines()[0]}; the job runs again with its files inside it, "
-                                    "through Spark")
+                                    "through Spark" + (f" (the link refused connections that never proved the job's "
+                                                       f"token: {strangers})" if strangers else ""))
                 job = transfer.with_payloads_inline(job, files)
             elif step is faults.Next.RETRY_WHEN_SLOTS and num_workers:
                 _wait_for_slots(frame.sparkSession, num_workers, error, deadline, attempts)

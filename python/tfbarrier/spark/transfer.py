@@ -9,6 +9,11 @@ its work directory while it writes its shard, and its training process reads the
 files a training process reports (``ProcessReport.files``) go back to the driver the same way.
 Neither end holds a whole file in memory.
 
+Every payload carries the SHA-256 of its file, and so does every file a task returns (in its result,
+through Spark): a fetched payload is put in place only when it is that file (driver_link.fetch), and the
+driver checks a returned file before anyone reads it (``JobFiles.received``), so a file changed on the
+driver link's wire is refused, never unpickled or loaded.
+
 Where no task can reach the driver's link (the driver cannot listen on ``spark.driver.host``, the
 executors cannot connect to it, or ``spark.tfbarrier.driverLink`` is false), the payloads travel
 inside the job and the returned files inside the task's result, through Spark, as ``Payload.data``:
@@ -16,12 +21,14 @@ the driver's JVM then needs room for the model (``spark.driver.memory``).
 """
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import threading
 import time
 
 from tfbarrier import faults
+from tfbarrier.errors import ClusterError
 from tfbarrier.spark import workdirs
 
 
@@ -33,6 +40,7 @@ class Payload:
     name: str
     size: int
     data: bytes = dataclasses.field(default=None, repr=False)
+    sha256: str = None  # of the file's bytes (hex)
 
     def path(self, workdir):
         """Where the file is in a task's work directory."""
@@ -49,13 +57,14 @@ class JobFiles:
         self._received = os.path.join(self.directory, "received")
         os.mkdir(self._received, 0o700)
         self._served = {}
+        self._took = {}  # name -> SHA-256 of the file a task put there
 
     def add(self, name, write):
         """A Payload of the file that ``write(path)`` writes."""
         path = os.path.join(self.directory, name)
         write(path)
         self._served[name] = path
-        return Payload(name, os.path.getsize(path))
+        return Payload(name, os.path.getsize(path), sha256=sha256_of(path))
 
     def add_bytes(self, name, data):
         def write(path):
@@ -77,16 +86,27 @@ class JobFiles:
 
     def receiving(self, name):
         """Where a task's file ``name`` goes (the driver link writes it there)."""
-        if os.path.basename(name) != name or name.startswith("."):
+        if not isinstance(name, str) or os.path.basename(name) != name or name.startswith("."):
             return None
         return os.path.join(self._received, name)
 
+    def took(self, name, sha256):
+        """The driver link wrote a task's file ``name``, whose bytes hash to ``sha256``."""
+        self._took[name] = sha256
+
     def received(self, payload):
-        """The path on the driver of a file a task returned (written out when it came through Spark)."""
+        """The path on the driver of a file a task returned (written out when it came through Spark), once it
+        is the file the task's result names. ClusterError when it is not: changed on the way."""
         path = os.path.join(self._received, payload.name)
         if payload.data is not None:
             with workdirs.private_file(path) as f:
                 f.write(payload.data)
+        elif payload.sha256 is None or self._took.get(payload.name) != payload.sha256:
+            raise ClusterError(
+                f"the file {payload.name!r} that a task sent over the driver's link is not the one its result names "
+                f"(SHA-256 {str(self._took.get(payload.name))[:16]}... against {str(payload.sha256)[:16]}...): it "
+                "was changed on the way, and nothing read it. On a network others can reach, encrypt the job's traffic "
+                "(spark.tfbarrier.encrypt=always, or Spark's own encryption)")
         return path
 
     def close(self):
@@ -97,6 +117,15 @@ class JobFiles:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def sha256_of(path):
+    """The SHA-256 of the file at ``path`` (hex), read a chunk at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(2**20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def payloads_of(value):
@@ -155,7 +184,7 @@ class Fetch:
                     with workdirs.private_file(payload.path(self._workdir)) as f:
                         f.write(payload.data)
                 else:
-                    self._link.fetch(payload.name, payload.path(self._workdir))
+                    self._link.fetch(payload.name, payload.path(self._workdir), payload.sha256)
                 self.stats["bytes"] += payload.size
         except OSError as exc:
             self._error = exc
@@ -176,8 +205,9 @@ def send_back(files, link, workdir, worker):
     for key, name in (files or {}).items():
         path, returned = os.path.join(workdir, name), f"{worker}-{name}"
         try:
+            digest = sha256_of(path)  # before it leaves: what the driver checks it against
             size = link.put(returned, path)
-            sent[key] = Payload(returned, size)
+            sent[key] = Payload(returned, size, sha256=digest)
         except OSError:
             with open(path, "rb") as f:
                 data = f.read()
@@ -192,16 +222,22 @@ class SessionFiles(JobFiles):
     """The driver's files that lazy DataFrames may fetch at any time (``predict``'s scoring models):
     one file per distinct content, kept until the driver process exits."""
 
+    def __init__(self):
+        super().__init__()
+        self._digests, self._adding = {}, threading.Lock()  # name -> SHA-256 of a file written once
+
     def add_file(self, name, write):
         """A Payload of what ``write(path)`` writes, under ``name``, which names one content (its digest is in
         it): a file served already is not written again (replacing a large file costs as much as hashing it)."""
         path = os.path.join(self.directory, name)
-        if not os.path.exists(path):
-            scratch = os.path.join(self.directory, f".writing-{threading.get_ident()}-{name}")
-            write(scratch)
-            os.replace(scratch, path)
-        self._served[name] = path
-        return Payload(name, os.path.getsize(path))
+        with self._adding:
+            if name not in self._digests:
+                scratch = os.path.join(self.directory, f".writing-{threading.get_ident()}-{name}")
+                write(scratch)
+                os.replace(scratch, path)
+                self._digests[name] = sha256_of(path)
+            self._served[name] = path
+        return Payload(name, os.path.getsize(path), sha256=self._digests[name])
 
     def receiving(self, name):
         return None  # nothing comes back to these

@@ -17,7 +17,10 @@ import tempfile
 import time
 
 PREFIX = "tfbarrier-"
-OWNER_FILE = ".owner"  # "PID START": the owning process and its start time (a reused pid is not it)
+CACHE_PREFIX = "tfbarrier-envs-"  # environment.py's cache of built environments: kept across jobs, never swept
+# "PID START PIDNS": the owning process, its start time (a reused pid is not it) and its PID namespace (a pid
+# names that process only there: another container sharing this directory as the same user leaves it alone)
+OWNER_FILE = ".owner"
 SWEEP_EVERY = 60.0  # seconds: a process sweeps at most this often
 
 _last_sweep = [0.0]
@@ -33,7 +36,7 @@ def make(prefix):
 def hand_over(directory, pid):
     """Make the process ``pid`` the directory's owner (a process started to use it, that removes it)."""
     with private_file(os.path.join(directory, OWNER_FILE), "w") as f:
-        f.write(f"{pid} {_start_time(pid)}\n")
+        f.write(f"{pid} {_start_time(pid)} {_pid_namespace('self')}\n")
 
 
 def private_file(path, mode="wb"):
@@ -71,14 +74,25 @@ def _start_time(pid):
         return 0
 
 
+def _pid_namespace(pid):
+    """The inode of ``pid``'s PID namespace ("self": this process's), or 0 where it cannot be read."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def _owner_alive(directory):
     """False when the directory's owner is gone; True when it runs, or the record cannot be read (a
-    directory being made, or one of an older tfbarrier: left alone). A zombie is gone: it has exited, and
-    its parent may not reap it for long (a Python worker reaps a spare's keeper when it next starts one)."""
+    directory being made, or one of an older tfbarrier: left alone), or names a process of another PID
+    namespace (this one cannot tell: its own sweep will). A zombie is gone: it has exited, and its parent may
+    not reap it for long (a Python worker reaps a spare's keeper when it next starts one)."""
     try:
         with open(os.path.join(directory, OWNER_FILE)) as f:
-            pid, start = (int(part) for part in f.read().split())
+            pid, start, *namespace = (int(part) for part in f.read().split())
     except (OSError, ValueError):
+        return True
+    if namespace and namespace != [_pid_namespace("self")]:  # (an older tfbarrier's record names none)
         return True
     try:
         os.kill(pid, 0)
@@ -96,7 +110,8 @@ def leftovers(root=None):
     """This user's tfbarrier directories in ``root`` (default the temporary directory)."""
     root = root or tempfile.gettempdir()
     with contextlib.suppress(OSError), os.scandir(root) as entries:
-        return [entry.path for entry in entries if entry.name.startswith(PREFIX) and is_private(entry.path)]
+        return [entry.path for entry in entries
+                if entry.name.startswith(PREFIX) and not entry.name.startswith(CACHE_PREFIX) and is_private(entry.path)]
     return []
 
 

@@ -22,7 +22,7 @@ from support.hosts import run_processes
 from test_environments import write_wheel
 
 import tfbarrier
-from tfbarrier.spark import environment
+from tfbarrier.spark import environment, workdirs
 from tfbarrier.spark.environment import PythonEnv
 
 config = json.loads(sys.argv[1])
@@ -176,7 +176,8 @@ def python_env():
         result = tfbarrier.fit(df, digits_cnn(), epochs=1, steps_per_epoch=5, env=env, callbacks=import_the_probe,
                                **FIT)
         fits.append(workers(result, "environment", "python_prefix"))
-    logs = [os.path.join(tmp, "tfbarrier-envs", environment.BUILD_LOG) for tmp in config["host_tmp"]]
+    logs = [os.path.join(tmp, f"{workdirs.CACHE_PREFIX}{os.geteuid()}", environment.BUILD_LOG)
+            for tmp in config["host_tmp"]]
     return {"fits": fits, "builds": [len(open(p).read().splitlines()) if os.path.exists(p) else 0 for p in logs]}
 
 
