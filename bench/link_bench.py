@@ -4,7 +4,7 @@ Each contender is a driver process with a local[2] Spark of its own (``--driver`
 model (the slides' CNN, 0.4 MB of weights; the 59 M-parameter MLP, 237 MB) ``--fits`` fits (2 workers x 64,
 ``--steps`` steps), each once the machine settled, and as many first calls of ``predict`` of a model never
 served before (its weights served to the executors, fetched, checked and loaded; 256 rows). Per contender: a
-fit's time from the call to its first finished step, and predict's first call (collect). Every connection of
+fit's time from the call to the chief's first finished step (``timings["time_to_first_step"]``), and predict's first call (collect). Every connection of
 this tree's link proves the job's token over a nonce, and every file that crosses is hashed (SHA-256) on both
 ends; the revision's sends the token and hashes nothing. Rounds alternate the contenders.
 
@@ -44,11 +44,10 @@ def driver(out, data, fits, steps):
     scored.count()
 
     def fit(kind):
-        def run(callbacks):
-            tfbarrier.fit(df, workloads.build_model(keras, kind), features="pixels", label="label", epochs=1,
-                          batch_size=BATCH * WORKERS, steps_per_epoch=steps, verbose=0, callbacks=callbacks)
-
-        return harness.clocked_fit(run, len(x))["first_step"]
+        harness.settle()
+        result = tfbarrier.fit(df, workloads.build_model(keras, kind), features="pixels", label="label", epochs=1,
+                               batch_size=BATCH * WORKERS, steps_per_epoch=steps, verbose=0)
+        return result.timings["time_to_first_step"]
 
     def first_predict(kind):
         model = workloads.build_model(keras, kind)  # new weights: served, fetched and loaded anew
@@ -71,11 +70,14 @@ def driver(out, data, fits, steps):
 
 def run_contender(env, data, fits, steps):
     out = tempfile.mktemp(prefix="tfbarrier-link-bench-", suffix=".json")
+    log = open(out + ".log", "w")
     subprocess.run([sys.executable, __file__, "--driver", out, "--data", data, "--fits", str(fits), "--steps",
-                    str(steps)], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    str(steps)], env=env, check=True, stdout=subprocess.DEVNULL, stderr=log)
+    log.close()
     with open(out) as f:
         result = json.load(f)
     os.remove(out)
+    os.remove(log.name)
     return result
 
 
@@ -89,7 +91,7 @@ def sha256_rate(megabytes=256):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline-ref", required=True, help="this tree against that revision")
+    parser.add_argument("--baseline-ref", help="this tree against that revision (required)")
     parser.add_argument("--fits", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
@@ -99,6 +101,8 @@ def main():
     harness.local_spark_env()
     if args.driver:
         return driver(args.driver, args.data, args.fits, args.steps)
+    if not args.baseline_ref:
+        parser.error("--baseline-ref is required: the revision this tree is measured against")
     import workloads
 
     data = harness.scratch_dir(prefix="tfbarrier-link-data-")
