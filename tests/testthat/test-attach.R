@@ -1,7 +1,8 @@
 # What R/sparklyr.R does once it has a sparklyr connection's driver JVM, run against a driver JVM that R
 # starts itself (jvm-owner.R: Spark's shell, standing in for sparklyr's, which this project cannot
-# install): attaching by port and secret, a view in, predictions out as a view, attaching to a new JVM
-# after the first is gone, and the refusal of a cluster that does not say which Python its executors run.
+# install): attaching by port and secret, a view in, predictions out as a view, the refusal of a cluster that
+# does not say which Python its executors run, and attaching to a new JVM once the first is gone (and training
+# there), as after sparklyr's spark_disconnect() and spark_connect().
 # In an R process of its own: this one has a Spark session of its own for the other tests.
 
 test_that("the core's calls stay calls once its modules are imported (attach after attached_session)", {
@@ -43,14 +44,27 @@ test_that("an attached R session trains on a view of the JVM's application and s
     "owner$quit()  # as spark_disconnect(sc) would",
     "cluster <- jvm_owner('local-cluster[1,1,1024]')",
     "refused <- tryCatch(tfbarrier:::attach_driver(cluster$server, cluster$app), error = identity)",
+    "new_app_unattached <- is.null(tfbarrier:::attached_session(cluster$app))",
+    "detached <- is.null(tfbarrier:::core$attached_session())",
+    "cluster_jobs <- cluster$ask(jobs)",
+    "cluster$quit()",
+    "# a new JVM (sparklyr's after spark_disconnect() and spark_connect()): attached, and it trains there",
+    "renewed <- jvm_owner('local[2]', conf = tf_spark_config(), digits = digits)",
+    "spark2 <- tfbarrier:::attach_driver(renewed$server, renewed$app)",
+    "refit <- spark_tf_fit(tfbarrier:::view_frame(spark2, 'digits'), tf_keras_cnn_example(c(8, 8, 1)),",
+    "                      features = 'features', label = 'digit', epochs = 1, batch_size = 64, num_workers = 2,",
+    "                      verbose = 0)",
+    "reattached <- spark2$sparkContext$applicationId == renewed$app &&",
+    "  identical(tfbarrier:::attached_session(renewed$app)$sparkContext$applicationId, renewed$app)",
+    "renewed$quit()",
     "result(same_app = same_app, rows = sum(fit$workers$rows),",
     "       scored = scored[1], accuracy = round(as.numeric(scored[2]) / as.numeric(scored[1]), 3),",
-    "       again = !is.null(again), new_app_unattached = is.null(tfbarrier:::attached_session(cluster$app)),",
+    "       again = !is.null(again), new_app_unattached = new_app_unattached,",
     "       refused = inherits(refused, 'ClusterError') && inherits(refused, 'TfBarrierError'),",
     "       names_setting = grepl('spark.pyspark.python', conditionMessage(refused), fixed = TRUE),",
     "       names_helper = grepl('tf_spark_config', conditionMessage(refused), fixed = TRUE),",
-    "       detached = is.null(tfbarrier:::core$attached_session()), cluster_jobs = cluster$ask(jobs))",
-    "cluster$quit()"
+    "       detached = detached, cluster_jobs = cluster_jobs,",
+    "       reattached = reattached, refit_rows = sum(refit$workers$rows))"
   ), script)
   # PYSPARK_PYTHON empty: this session's (tf_spark_connect() sets it) would name the executors' Python for
   # the cluster that must be refused for not saying it
@@ -73,4 +87,6 @@ test_that("an attached R session trains on a view of the JVM's application and s
   expect_equal(unlist(seen[c("refused", "names_setting", "names_helper", "detached")]),
                c(refused = "TRUE", names_setting = "TRUE", names_helper = "TRUE", detached = "TRUE"))
   expect_equal(seen$cluster_jobs, "0")  # refused before any Spark job
+  expect_equal(seen$reattached, "TRUE")  # the first JVM gone, a new one is attached, and trained on
+  expect_equal(seen$refit_rows, as.character(nrow(digits$pixels)))
 })
