@@ -1,6 +1,7 @@
 """Shared benchmark helpers: interleaved rounds, min/median/max, the machine and versions, and
 writing a section of bench/README.md."""
 
+import argparse
 import atexit
 import json
 import os
@@ -89,6 +90,19 @@ def env_with_source(source):
     if source:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
     return env
+
+
+def driver_contenders_parser(fits, steps):
+    """The arguments of a benchmark whose contenders are driver processes it starts (``--driver OUT --data DIR``,
+    hidden): this tree against ``--baseline-ref``, ``--fits`` fits of ``--steps`` steps per driver, ``--rounds``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baseline-ref", help="this tree against that revision")
+    parser.add_argument("--fits", type=int, default=fits)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--driver", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
+    return parser
 
 
 def interleaved(contenders, rounds):

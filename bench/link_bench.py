@@ -11,7 +11,6 @@ ends; the revision's sends the token and hashes nothing. Rounds alternate the co
     .venv/bin/python bench/link_bench.py --baseline-ref a882286 [--fits 2] [--rounds 3]
 """
 
-import argparse
 import hashlib
 import json
 import os
@@ -90,13 +89,7 @@ def sha256_rate(megabytes=256):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline-ref", help="this tree against that revision (required)")
-    parser.add_argument("--fits", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--driver", help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser = harness.driver_contenders_parser(fits=2, steps=5)
     args = parser.parse_args()
     harness.local_spark_env()
     if args.driver:

@@ -10,7 +10,6 @@ TensorFlow imports of the processes a fit leaves for the next included). Rounds 
     .venv/bin/python bench/warm_start_bench.py --baseline-ref f68997f [--fits 4] [--rounds 3]
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -76,13 +75,7 @@ def run_contender(env, data, fits, steps):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--baseline-ref", help="this tree against that revision")
-    parser.add_argument("--fits", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--driver", help=argparse.SUPPRESS)
-    parser.add_argument("--data", help=argparse.SUPPRESS)
+    parser = harness.driver_contenders_parser(fits=4, steps=10)
     args = parser.parse_args()
     harness.local_spark_env()
     if args.driver:

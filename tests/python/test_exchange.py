@@ -28,7 +28,7 @@ def listeners(n):
     return socks, [f"127.0.0.1:{sock.getsockname()[1]}" for sock in socks]
 
 
-def in_threads(n, work, secrets=None, timeout=10.0, tls=None):
+def in_threads(n, work, secrets=None, timeout=10.0, tls=None, ring_class=Ring):
     """Run ``work(ring)`` on every rank of an ``n``-process ring (rank i holding ``secrets[i]`` and TLS
     credentials ``tls[i]``): each rank's result, or the exception it raised."""
     socks, addresses = listeners(n)
@@ -36,8 +36,8 @@ def in_threads(n, work, secrets=None, timeout=10.0, tls=None):
 
     def rank(i):
         try:
-            ring = Ring.join(i, addresses, (secrets or [SECRET] * n)[i], socks[i], timeout=timeout,
-                             tls=(tls or [None] * n)[i])
+            ring = ring_class.join(i, addresses, (secrets or [SECRET] * n)[i], socks[i], timeout=timeout,
+                                   tls=(tls or [None] * n)[i])
             try:
                 results[i] = work(ring)
             finally:
@@ -259,27 +259,18 @@ def test_gradient_packs_cross_the_ring_last_layers_first():
     from tfbarrier.exchange.ring_hooks import exchange_gradients
     from tfbarrier.exchange.ring_training import TfKeras
 
-    socks, addresses = listeners(2)
-    orders, lock = [None, None], threading.Lock()
+    lock = threading.Lock()
 
-    def rank(i):
-        ring = RecordingRing.join(i, addresses, SECRET, socks[i], timeout=20)
+    def step(ring):
         with lock:  # built one at a time (Keras names layers from a counter of the process)
             model = tf_keras.Sequential([tf_keras.Input((64,)), tf_keras.layers.Dense(32), tf_keras.layers.Dense(3)])
             model.compile(tf_keras.optimizers.SGD(0.1), "mse")
             exchange_gradients(model.optimizer, ring, TfKeras(), {"bytes_per_pack": 4})
             sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
         model.fit(np.ones((4, 64), "float32"), np.ones((4, 3), "float32"), batch_size=4, verbose=0)
-        orders[i] = (ring.summed, sizes)
-        ring.close()
+        return ring.summed, sizes
 
-    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
-    for sock in socks:
-        sock.close()
+    orders = in_threads(2, step, timeout=20, ring_class=RecordingRing)
     for summed, sizes in orders:
         assert sizes == [64 * 32, 32, 32 * 3, 3]
         assert summed == sizes[::-1], f"packs crossed in the order {summed}, the variables' is {sizes}"
