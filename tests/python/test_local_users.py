@@ -261,18 +261,25 @@ def test_an_environment_another_user_planted_where_the_cache_lives_is_refused_an
     assert not os.path.exists(ran)
 
 
-@pytest.mark.parametrize("how", ["another_users", "others_may_write", "a_link"])
+@pytest.mark.parametrize("how", ["another_users", "others_may_write", "a_link", "in_a_directory_others_may_write"])
 def test_a_workon_home_not_this_users_alone_is_refused_naming_it(tmp_path, how):
     home = tmp_path / "envs"
     if how == "a_link":
         (tmp_path / "elsewhere").mkdir()
         home.symlink_to(tmp_path / "elsewhere")
+    elif how == "in_a_directory_others_may_write":  # where another user could put a home of theirs in its place
+        (tmp_path / "open").mkdir()
+        os.chmod(tmp_path / "open", 0o777)
+        home = tmp_path / "open" / "envs"
+        home.mkdir(mode=0o700)
     else:
         home.mkdir(mode=0o700)
         os.chown(home, NOBODY, NOBODY) if how == "another_users" else os.chmod(home, 0o777)
     env = environment.PythonEnv(workon_home=str(home))
-    with pytest.raises(EnvironmentBuildError, match="environments' directory"):
+    with pytest.raises(EnvironmentBuildError) as refused:
         environment.ensure(env)
+    assert ("the directory above the environments" if how.startswith("in_") else "environments' directory") \
+        in str(refused.value)
     assert not os.path.exists(tmp_path / "elsewhere" / f"tfbarrier-{env.key()}")
 
 

@@ -148,23 +148,21 @@ def _refuse(path, info, what, host):
         "there. Remove it, or give PythonEnv a workon_home of this user's own", host=host)
 
 
-def _trusted(info, sticky_ok=False):
-    """Whether a file's owner is this user or root and no other user may write to it (a sticky directory
-    such as /tmp, where others may add entries but not move this user's, when ``sticky_ok``)."""
-    if info.st_uid not in (os.geteuid(), 0):
-        return False
-    return not info.st_mode & 0o022 or (sticky_ok and bool(info.st_mode & stat.S_ISVTX))
+def _unwritable_by_others(info):
+    """Whether only a directory's owner may change what is in it (or, sticky like /tmp, only what is their own)."""
+    return not info.st_mode & 0o022 or bool(info.st_mode & stat.S_ISVTX)
 
 
 def private_home(home, host):
     """``home`` made (0700) if missing, and checked: a directory (not a link) this user owns that no other
-    user may write to, under directories only this user or root may change. EnvironmentBuildError otherwise."""
+    user may write to, under directories that only their owners may change (root, this user, or the user that
+    runs the cluster's containers: YARN's directories are its). EnvironmentBuildError otherwise."""
     os.makedirs(os.path.dirname(home), 0o700, exist_ok=True)
     parent = os.path.realpath(os.path.dirname(home))
     ancestor = parent
     while True:
         info = os.stat(ancestor)
-        if not _trusted(info, sticky_ok=True):
+        if not _unwritable_by_others(info):
             _refuse(ancestor, info, "the directory above the environments", host)
         if ancestor == os.path.dirname(ancestor):
             break
