@@ -2,6 +2,8 @@
 loads it, enables the LoRA adapters, and only they come back."""
 
 import gc
+import hashlib
+import json
 import os
 import re
 
@@ -9,6 +11,7 @@ import keras
 import numpy as np
 import pandas as pd
 import pytest
+import tf_keras
 from conftest import partitioned, run_driver
 from test_sequence_labels import GLOBAL_BATCH, ROWS_PER_WORKER as ROWS, causal_lm, frame_of, in_global_batches, \
     sequences
@@ -27,6 +30,22 @@ def compile_for_test(model):
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
 
+class FrozenDigests(tf_keras.callbacks.Callback):  # Keras 3's fit takes tf_keras's callbacks too
+    """In each training process, once it trained: the SHA-256 of every weight it holds frozen, by path, written to
+    ``<out>/worker-<index>.json``: what the workers ended with, not what a later load of the preset reads."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def on_train_end(self, logs=None):
+        index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+        frozen = {w.path: hashlib.sha256(np.asarray(w.numpy()).tobytes()).hexdigest()
+                  for w in self.model.weights if not w.trainable}
+        with open(os.path.join(self.out, f"worker-{index}.json"), "w") as f:
+            json.dump(frozen, f)
+
+
 def backbones_alive():
     keras_hub = pytest.importorskip("keras_hub")
     return sum(isinstance(o, keras_hub.models.Backbone) for o in gc.get_objects())
@@ -40,14 +59,16 @@ def saved_preset(tmp_path_factory):
     return path
 
 
-def test_a_lora_fine_tune_of_a_preset_loaded_by_the_workers_equals_one_process(spark, saved_preset):
+def test_a_lora_fine_tune_of_a_preset_loaded_by_the_workers_equals_one_process(spark, saved_preset, tmp_path):
     data = sequences(2 * ROWS, seed=7)
     df = partitioned(spark, frame_of(data), lambda i: int(i >= ROWS), 2)
     gc.collect()
     before = backbones_alive()
+    out = str(tmp_path)
     result = tfbarrier.fit(df, tfbarrier.preset(saved_preset, lora_rank=2, prepare=compile_for_test),
                            features=FEATURES, label="labels", sample_weight="weights", epochs=2,
-                           batch_size=GLOBAL_BATCH, num_workers=2, shuffle=False, seed=11, verbose=0)
+                           batch_size=GLOBAL_BATCH, num_workers=2, shuffle=False, seed=11, verbose=0,
+                           callbacks=lambda: [FrozenDigests(out)])
     gc.collect()
     assert backbones_alive() == before, "the driver built the preset's model"
 
@@ -72,8 +93,16 @@ def test_a_lora_fine_tune_of_a_preset_loaded_by_the_workers_equals_one_process(s
         assert "lora" in weight.path
         np.testing.assert_allclose(by_path[weight.path].numpy(), weight.numpy(), rtol=1e-4, atol=1e-6,
                                    err_msg=weight.path)
-    for weight in initial.weights:  # the frozen backbone is the preset's
+    for weight in initial.weights:  # the adapters' file puts back no frozen weight of its own
         np.testing.assert_array_equal(by_path[weight.path].numpy(), weight.numpy(), err_msg=weight.path)
+    frozen = {w.path for w in reference.weights if not w.trainable}
+    preset = {w.path: hashlib.sha256(np.asarray(w.numpy()).tobytes()).hexdigest() for w in initial.weights}
+    assert frozen and frozen <= set(preset)
+    for worker in (0, 1):  # what each training process ended with: every frozen weight as the preset has it
+        with open(tmp_path / f"worker-{worker}.json") as f:
+            held = json.load(f)
+        assert set(held) == frozen, f"worker {worker} froze {sorted(set(held) ^ frozen)} otherwise"
+        assert held == {path: preset[path] for path in frozen}, f"worker {worker} changed a frozen weight"
     moved = max(np.abs(w.numpy()).max() for w in reference.backbone.trainable_weights if "lora_kernel_b" in w.path)
     assert moved > 1e-3  # lora_kernel_b starts at zeros: the adapters trained
     sent = max(w["communication"]["bytes_sent"] for w in result.workers)
