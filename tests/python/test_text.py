@@ -95,6 +95,19 @@ def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_o
     np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-4, atol=1e-5)
 
 
+def test_sample_weights_beside_a_string_column_weigh_each_row_as_in_one_process(spark):
+    data = reviews(2 * ROWS_PER_WORKER, seed=3)
+    data["weight"] = np.random.default_rng(4).uniform(0.1, 2.0, len(data)).astype("float32")
+    reference, ordered = classifier(), in_global_batches(data)
+    history = reference.fit(ordered["text"].to_numpy(), ordered["label"].to_numpy(),
+                            sample_weight=ordered["weight"].to_numpy(), batch_size=GLOBAL_BATCH, epochs=2,
+                            shuffle=False, verbose=0).history
+    df = partitioned(spark, data, lambda i: int(i >= ROWS_PER_WORKER), 2)
+    result = tfbarrier.fit(df, classifier(), features="text", label="label", sample_weight="weight", epochs=2,
+                           batch_size=GLOBAL_BATCH, num_workers=2, shuffle=False, verbose=0)
+    assert_fits_as(result, reference, history)
+
+
 def test_a_fit_from_text_killed_mid_epoch_resumes_as_one_process_fits(spark, one_process, tmp_path):
     """The shards of text resume where the checkpoint left them: the resumed fit ends as one process's."""
     reference, history, data, _ = one_process
