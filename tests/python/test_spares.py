@@ -23,6 +23,11 @@ def test_keepers_outlive_python_workers_fork_the_next_fits_processes_and_die_wit
     assert intruder.get("uid") == 65534 and intruder["sockets"] >= 1, intruder
     assert intruder["taken"] == 0 and not intruder["marker"], intruder
     assert intruder["keepers_after"] == second["keepers"], intruder
+    # A process of the same user that is no child of the executor got nothing either (the parent half of the check).
+    stranger = report["same_user_intruder"]
+    assert stranger.get("uid") == os.getuid() and stranger["sockets"] >= 1, stranger
+    assert stranger["taken"] == 0 and not stranger["marker"], stranger
+    assert stranger["keepers_after"] == second["keepers"], stranger
     assert first["warm"] == [False, False]
     assert second["warm"] == [True, True]  # although the Python workers that left the keeper are gone
     assert timed_out["warm"] == [False, False]  # a keeper serves the tasks of its own idle timeout

@@ -1,7 +1,8 @@
 """Another local user (issue 58): started as root, it becomes ``nobody`` before it looks at anything, then
-tries to take every spare it can find and make it run code.
+tries to take every spare it can find and make it run code. With ``--same-user`` it stays the user it was
+started as: a process of the executor's user that is no child of the executor (issue 76).
 
-    python intruder.py MARKER    prints "RESULT {sockets, taken}" as one JSON line
+    python intruder.py MARKER [--same-user]    prints "RESULT {sockets, taken, uid}" as one JSON line
 
 It reads the world-readable /proc/net/unix for the spares' keepers' sockets (Linux's abstract namespace:
 no file permissions), connects to each and waits for a training process's channel. For each channel it
@@ -57,14 +58,15 @@ def take(path, marker):
     return True
 
 
-def main(marker):
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+def main(marker, same_user=False):
+    if not same_user:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
     sockets = keeper_sockets()
     taken = sum(take(path, marker) for path in sockets)
     print("RESULT " + json.dumps({"sockets": len(sockets), "taken": taken, "uid": os.getuid()}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], same_user="--same-user" in sys.argv[2:])

@@ -52,13 +52,14 @@ def fit(keeping=1, idle_out=False):
     })
 
 
-def intrude():
-    """Another local user (support/intruder.py, as nobody) tries to take the spares the last fit left and
-    make them load a job it planted; the next fit must still find them."""
+def intrude(same_user=False):
+    """Another local user (support/intruder.py, as nobody), or with ``same_user`` a process of this user that is
+    no child of the executor, tries to take the spares the last fit left and make them load a job it planted;
+    the next fit must still find them."""
     marker = os.path.join(tempfile.mkdtemp(), "planted-job-loaded")
     here = os.path.dirname(os.path.abspath(__file__))
-    out = subprocess.run([sys.executable, os.path.join(here, "intruder.py"), marker], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, os.path.join(here, "intruder.py"), marker]
+                         + (["--same-user"] if same_user else []), capture_output=True, text=True, timeout=120)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     seen = json.loads(lines[0][7:]) if lines else {"error": out.stderr[-2000:]}
     time.sleep(3)  # a spare that took the job would have unpickled it by now
@@ -68,6 +69,7 @@ def intrude():
 fit()
 fit()
 report["intruder"] = intrude()
+report["same_user_intruder"] = intrude(same_user=True)
 spark.conf.set("spark.tfbarrier.spareIdleTimeout", "5")
 fit(keeping=2, idle_out=True)  # cold (no keeper of that timeout yet); leaves one, which gives up after 5 s
 spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
