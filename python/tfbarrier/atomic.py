@@ -8,12 +8,14 @@ import threading
 import types
 
 
-def _open_private(path, mode):
-    """A new local file, created 0600 whatever the umask (its directory says who else may read it)."""
-    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), mode)
+def private_file(path, mode="wb"):
+    """``open(path, mode)`` for writing ("a" in ``mode``: appending), the file created 0600 whatever the umask
+    (its directory says who else may read it), never through a link someone put at ``path``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    return open(os.open(path, flags, 0o600), mode)
 
 
-LOCAL = types.SimpleNamespace(open=_open_private, rename=os.replace, exists=os.path.exists, remove=os.unlink)
+LOCAL = types.SimpleNamespace(open=private_file, rename=os.replace, exists=os.path.exists, remove=os.unlink)
 
 
 def gfile(tf):

@@ -23,7 +23,8 @@ from support import ring_rank, stranger
 import tfbarrier
 from tfbarrier.exchange import ring_admission
 from tfbarrier.exchange.ring import Ring
-from tfbarrier.spark import driver_link, transfer
+from tfbarrier import waiting_room
+from tfbarrier.spark import transfer
 from tfbarrier.spark.driver_link import DriverLink, DriverServer, fetch
 
 MB = 2**20
@@ -94,7 +95,7 @@ def test_a_flood_of_the_driver_link_leaves_its_tasks_served_and_the_driver_its_s
         finally:
             server.close()
     assert memory.growth < GROWTH_LIMIT, f"the driver grew {memory.growth / MB:.0f} MB under the flood"
-    assert most_threads - threads <= driver_link.PENDING_PER_SOURCE + 2, (threads, most_threads)
+    assert most_threads - threads <= waiting_room.PER_SOURCE + 2, (threads, most_threads)
     assert served == {"answer": {"ok": 1}, "size": 700_000}, served
     assert [m["event"] for m in server.events] == ["started"]
     stats = did[f"127.0.0.1:{server.port}"]

@@ -4,12 +4,10 @@ for the previous rank, which strangers cannot stretch or stop.
 A connection is kept only after both sides proved that they hold the job's secret (HMAC-SHA256 over both sides'
 nonces, so nothing a stranger sends is read as data and a recorded exchange cannot be replayed). With the job's TLS
 credentials (tls.py) each connection is TLS first and the proofs go inside it. A stranger's connection is tried for
-at most PROOF_SECONDS, and at most PENDING_PER_SOURCE from one address (PENDING_LIMIT in all) are tried at once;
-more are closed as they come. A flood that keeps the previous rank out fails the join within FLOOD_SECONDS,
-naming it.
+at most PROOF_SECONDS, and only as many at once as a waiting room takes (waiting_room.py); more are closed as
+they come. A flood that keeps the previous rank out fails the join within FLOOD_SECONDS, naming it.
 """
 
-import collections
 import errno
 import hashlib
 import hmac
@@ -21,10 +19,9 @@ import threading
 import time
 
 from tfbarrier.errors import WorkerError
+from tfbarrier.waiting_room import WaitingRoom
 
 NONCE_BYTES = 32
-PENDING_PER_SOURCE = 8  # connections from one address trying to prove the secret at once; more are closed
-PENDING_LIMIT = 64  # such connections from all addresses
 PROOF_SECONDS = 5.0  # for a connection to prove the secret (the job's peer does at once)
 # A flood that kept the previous rank's own address (or every address) from trying this long fails the join,
 # naming it, instead of waiting out the ring's timeout.
@@ -99,17 +96,15 @@ def greet(sock, credentials, rank):
 class Admission:
     """The accepting side's wait for the previous rank on ``listener``: each connection is tried in a thread
     of its own, so a stranger that holds one open (or stalls its TLS handshake) delays nobody; the first to
-    prove the secret is kept, every other connection closed. At most PENDING_PER_SOURCE connections from one
-    address (PENDING_LIMIT in all) are tried at once: more are closed as they come, so a stranger's flood
-    takes a few threads and descriptors, and keeps out no other address. ``strangers`` counts the refused by
-    address; ``flooded_for`` how long connections from ``peer_addresses`` (or from anywhere: all the room taken)
-    have been turned away without a pause of PROOF_SECONDS."""
+    prove the secret is kept, every other connection closed. Only as many are tried at once as a waiting room
+    takes: more are closed as they come (``room.turned_away`` counts them, and the unproved, by address).
+    ``flooded_for``: how long connections from ``peer_addresses`` (or from anywhere: the room full) have been
+    turned away without a pause of PROOF_SECONDS."""
 
     def __init__(self, listener, credentials, expected_rank, deadline, peer_addresses=()):
-        self.strangers, self._conn, self._abandoned = collections.Counter(), None, False
+        self.room, self._conn, self._abandoned = WaitingRoom(), None, False
         self._flood, self._peer_addresses = None, set(peer_addresses)  # (first, last) turned away of a streak
         self._lock, self._admitted = threading.Lock(), threading.Event()
-        self._trying = collections.Counter()  # address -> connections being tried
         self._listener, self._credentials, self._rank, self._deadline = listener, credentials, expected_rank, deadline
         threading.Thread(target=self._accept, name="tfbarrier-ring-accept", daemon=True).start()
 
@@ -125,45 +120,40 @@ class Admission:
                     time.sleep(0.05)
                     continue
                 return  # the listener closed
-            if not self._room(address[0]):
+            if not self.room.enter(conn, address[0]):
+                self._turned_away(address[0])
                 conn.close()
                 continue
             try:
                 threading.Thread(target=self._try, args=(conn, address[0]), name="tfbarrier-ring-admit",
                                  daemon=True).start()
             except RuntimeError:  # no thread to be had
-                self._tried(address[0], admitted=False)
+                self.room.leave(conn)
+                self.room.turn_away(address[0])
                 conn.close()
 
-    def _room(self, source):
-        """Whether a connection from ``source`` may be tried now (counted as tried if so)."""
-        with self._lock:
-            full = sum(self._trying.values()) >= PENDING_LIMIT
-            if full or self._trying[source] >= PENDING_PER_SOURCE:
-                self.strangers[source] += 1
-                if full or source in self._peer_addresses:
-                    now = time.monotonic()
-                    first = self._flood[0] if self._flood and now - self._flood[1] <= PROOF_SECONDS else now
-                    self._flood = (first, now)
-                return False
-            self._trying[source] += 1
-            return True
+    def _turned_away(self, source):
+        """A connection from ``source`` found no room: a flood's, which the streak counts when it may be keeping
+        the previous rank out."""
+        if source in self._peer_addresses or self.room.full():
+            with self._lock:
+                now = time.monotonic()
+                first = self._flood[0] if self._flood and now - self._flood[1] <= PROOF_SECONDS else now
+                self._flood = (first, now)
 
-    def _tried(self, source, admitted):
-        with self._lock:
-            self._trying[source] -= 1
-            self.strangers[source] += not admitted
-
-    def _try(self, conn, source):
+    def _try(self, accepted, source):
         secret, tls = self._credentials
-        conn.settimeout(max(0.01, min(PROOF_SECONDS, self._deadline - time.monotonic())))
+        accepted.settimeout(max(0.01, min(PROOF_SECONDS, self._deadline - time.monotonic())))
+        conn = accepted
         try:
             if tls is not None:
-                conn = tls.server(conn)  # a stranger speaking plain TCP fails here
+                conn = tls.server(accepted)  # a stranger speaking plain TCP fails here
             admitted = _admit(conn, secret, self._rank)
         except OSError:  # the stranger closed or went quiet
             admitted = False
-        self._tried(source, admitted)
+        self.room.leave(accepted)
+        if not admitted:
+            self.room.turn_away(source)
         with self._lock:
             if admitted and self._conn is None and not self._abandoned:
                 self._conn = conn
@@ -184,10 +174,6 @@ class Admission:
     def flooded_for(self):
         flood, now = self._flood, time.monotonic()
         return 0.0 if flood is None or now - flood[1] > PROOF_SECONDS else now - flood[0]
-
-    def describe_strangers(self):
-        """The refused connections by address, the most first: "300 from 127.0.0.2, 2 from 10.0.0.7"."""
-        return ", ".join(f"{count} from {address}" for address, count in self.strangers.most_common(5))
 
     def abandon(self):
         """Stop waiting; close what got in meanwhile."""
@@ -213,10 +199,10 @@ def not_joined(admission, previous, rank, addresses, timeout):
     if admission.flooded_for() >= FLOOD_SECONDS:
         return WorkerError(
             f"worker {rank}'s ring port ({addresses[rank]}) was flooded: connections that never proved the job's "
-            f"secret ({admission.describe_strangers()}) kept worker {previous} ({addresses[previous]}) from getting in "
+            f"secret ({admission.room.describe()}) kept worker {previous} ({addresses[previous]}) from getting in "
             f"for {FLOOD_SECONDS:g} s. Find what connects from there; on a network others reach, keep the executors' "
             "ports behind a firewall", worker=rank, retryable=False)
-    refused = admission.describe_strangers()
+    refused = admission.room.describe()
     return WorkerError(f"worker {previous} did not join the ring within {timeout:g} s"
                        + (f" (connections without the job's secret refused: {refused})" if refused else ""),
                        worker=previous, retryable=True)

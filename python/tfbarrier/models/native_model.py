@@ -20,9 +20,9 @@ import tempfile
 
 import cloudpickle
 
+from tfbarrier import atomic
 from tfbarrier.errors import InvalidArgumentError, ModelError
 from tfbarrier.models.model_spec import ModelSpec, keras_flavor, read_weights, save_archive
-from tfbarrier.spark import workdirs
 from tfbarrier.spark.job import pickle_user_code
 
 ARCHIVE_FILE = "model.keras"  # the model as the driver sends it
@@ -212,7 +212,7 @@ class NativeModel:
             return load_archive(path, custom_objects(original))
         with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
             copy = os.path.join(tmp, ARCHIVE_FILE)
-            with workdirs.private_file(copy) as f:
+            with atomic.private_file(copy) as f:
                 f.write(save_archive(original))
             model = self._restored(load_archive(copy, custom_objects(original)))
         read_weights(path, model.weights)

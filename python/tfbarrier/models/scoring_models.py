@@ -18,6 +18,7 @@ executor's environment, every model load appends a line ``<pid> <model id>`` to 
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import os
 
@@ -72,8 +73,7 @@ def scoring_model(spark, model, adapters=None):
     if source is None:
         with transfer.JobFiles() as scratch:
             payload = scratch.inline(scratch.add(name, write))
-        source = {"broadcast": cluster.broadcast(spark, payload.data),
-                  "payload": transfer.Payload(name, payload.size, sha256=payload.sha256)}
+        source = {"broadcast": cluster.broadcast(spark, payload.data), "payload": dataclasses.replace(payload, data=None)}
     model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
     # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
     objects = native_model.pickled_custom_objects(model) if flavor == "keras3" and adapters is None else None

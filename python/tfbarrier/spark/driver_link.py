@@ -5,9 +5,8 @@ Every connection proves that it holds the job's token before anything is read fr
 the token: the server sends a fresh nonce, the task answers with its hello (what the connection is for)
 and an HMAC-SHA256 of the nonce and that hello under the token (link_wire.py), so what crosses the wire
 neither admits anyone else nor replays. Until then a connection is a stranger's: its hello is read within
-CONNECT_TIMEOUT and at most link_wire.HELLO_LIMIT bytes, and at most PENDING_PER_SOURCE of them from one address
-(PENDING_LIMIT in all) wait at once; more are closed on arrival, counted by address (``strangers``), and
-start no thread. Then JSON lines, each a message with a ``kind`` and the task's ``worker`` index, one way:
+CONNECT_TIMEOUT and at most link_wire.HELLO_LIMIT bytes, and only as many wait at once as a waiting room takes
+(waiting_room.py); more are closed on arrival, counted by address (``strangers``), and start no thread. Then JSON lines, each a message with a ``kind`` and the task's ``worker`` index, one way:
 events, progress and log lines, which the server keeps (``events``) and hands to ``on_message`` (the
 progress display). A request (``DriverLink.request``, the rendezvous) goes on a connection of its own and
 gets one line back from the handler of its kind, which may answer from another thread: that connection's
@@ -27,7 +26,6 @@ driver checks what it received against the digest the task's result carries (tra
 changed on the wire are refused before anything unpickles or loads them.
 """
 
-import collections
 import contextlib
 import json
 import os
@@ -42,14 +40,12 @@ import time
 from tfbarrier import settings
 from tfbarrier.exchange.tls import describe
 from tfbarrier.spark import link_wire
-
-PENDING_PER_SOURCE = 8  # connections from one address that may wait to prove the token at once
-PENDING_LIMIT = 64  # such connections from all addresses
+from tfbarrier.waiting_room import LIMIT, WaitingRoom
 
 
 class _Handler(socketserver.StreamRequestHandler):
     def setup(self):
-        self.accepted = self.request  # the plain socket, which the server counts while it waits
+        self.accepted = self.request  # the plain socket, in the waiting room until it proved the token
         self.request.settimeout(settings.CONNECT_TIMEOUT)  # for the TLS handshake and the hello: a stranger's
         tls = self.server.owner.tls                        # silence ends here
         if tls is not None:  # the handshake runs here, in the connection's thread: a stranger holds up no other
@@ -61,9 +57,9 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             hello = self._proved_hello(server)
         finally:
-            self.server.done_waiting(self.accepted)
+            server.room.leave(self.accepted)
         if hello is None:
-            server.refuse(self.client_address)
+            server.room.turn_away(self.client_address[0])
             return  # closing the connection is the answer
         if "fetch" in hello or "put" in hello:
             self.request.settimeout(settings.TRANSFER_IDLE_TIMEOUT)
@@ -139,47 +135,30 @@ class _Handler(socketserver.StreamRequestHandler):
 class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
-    request_queue_size = PENDING_LIMIT
-
-    def __init__(self, *args, **kwargs):
-        self._waiting, self._pending_lock = {}, threading.Lock()  # accepted socket -> address, until it proved
-        super().__init__(*args, **kwargs)
+    request_queue_size = LIMIT
 
     def verify_request(self, request, client_address):
-        """In the accepting thread: a connection starts a thread only while its address, and all, have room."""
-        source = client_address[0]
-        with self._pending_lock:
-            room = (sum(waiting == source for waiting in self._waiting.values()) < PENDING_PER_SOURCE
-                    and len(self._waiting) < PENDING_LIMIT)
-            if room:
-                self._waiting[request] = source
-        if not room:
-            self.owner.refuse(client_address)
-        return room
-
-    def done_waiting(self, request):
-        """The connection ``request`` proved the token, was refused or ended: it no longer waits."""
-        with self._pending_lock:
-            self._waiting.pop(request, None)
+        """In the accepting thread: a connection starts a thread only while the waiting room has room for it."""
+        return self.owner.room.enter(request, client_address[0])
 
     def process_request(self, request, client_address):
         try:
             super().process_request(request, client_address)
         except RuntimeError:  # no thread to be had: this connection is closed, the server goes on
-            self.done_waiting(request)
-            self.owner.refuse(client_address)
+            self.owner.room.leave(request)
+            self.owner.room.turn_away(client_address[0])
             self.shutdown_request(request)
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:  # a failed TLS handshake never reached the handler's own account
-            self.done_waiting(request)
+            self.owner.room.leave(request)
 
     def handle_error(self, request, client_address):
         if not isinstance(sys.exc_info()[1], (ssl.SSLError, ConnectionError, TimeoutError)):
             super().handle_error(request, client_address)  # the driver's own trouble (a full disk...): printed
-        self.owner.refuse(client_address)  # a failed TLS handshake or a silent stranger, or a task gone mid-message
+        self.owner.room.turn_away(client_address[0])  # a failed TLS handshake, a silent stranger, a task gone mid-message
 
 
 class DriverServer:
@@ -194,7 +173,7 @@ class DriverServer:
         self.requests = dict(requests or {})
         self.files = files
         self.events = []
-        self.strangers = collections.Counter()  # address -> connections refused: no proof, or no room to wait
+        self.room = WaitingRoom()  # connections yet to prove the token; who was turned away, by address
         self._lock = threading.Lock()
         self._server = _TCPServer((host, 0), _Handler)
         self._server.owner = self
@@ -220,18 +199,14 @@ class DriverServer:
                 self.on_message(message)
 
     @property
+    def strangers(self):
+        """Address -> connections refused: no proof, or no room to wait."""
+        return self.room.turned_away
+
+    @property
     def rejected(self):
         """How many connections were refused."""
         return sum(self.strangers.values())
-
-    def describe_strangers(self):
-        """The refused connections by address, the most first ("300 from 10.0.0.7"), or ""."""
-        with self._lock:
-            return ", ".join(f"{count} from {address}" for address, count in self.strangers.most_common(5))
-
-    def refuse(self, client_address):
-        with self._lock:
-            self.strangers[client_address[0]] += 1
 
     def workers_heard(self):
         return {m.get("worker") for m in self.events}

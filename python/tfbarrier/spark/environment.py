@@ -34,7 +34,7 @@ import sysconfig
 import tempfile
 import time
 
-from tfbarrier import settings
+from tfbarrier import atomic, settings
 from tfbarrier.errors import EnvironmentBuildError, InvalidArgumentError
 from tfbarrier.settings import BUILD_TIMEOUT, WORKON_HOME_ENV
 from tfbarrier.spark import workdirs
@@ -111,7 +111,7 @@ class _Lock:
         self.path, self.timeout = path, timeout
 
     def __enter__(self):
-        self.file = _private_append(self.path)
+        self.file = atomic.private_file(self.path, "a")
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -127,11 +127,6 @@ class _Lock:
     def __exit__(self, *exc):
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
-
-
-def _private_append(path):
-    """``path`` opened to append, created 0600, never through a link another user planted there."""
-    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600), "a")
 
 
 def _user(uid):
@@ -239,7 +234,7 @@ def ensure(env):
                     os.rename(building, target)
                 finally:
                     shutil.rmtree(building, ignore_errors=True)
-                with _private_append(os.path.join(home, BUILD_LOG)) as f:
+                with atomic.private_file(os.path.join(home, BUILD_LOG), "a") as f:
                     f.write(f"{time.time():.3f} {host} {os.getpid()} {target}\n")
                 info["built"] = True
     _check_built(target, host)

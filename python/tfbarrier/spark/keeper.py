@@ -18,7 +18,7 @@ import sys
 import time
 import traceback
 
-from tfbarrier import faults, settings
+from tfbarrier import atomic, faults, settings
 from tfbarrier.spark import protocol, spares, training_process, workdirs
 from tfbarrier.spark.launcher import TrainingProcess, die_with_parent, name_process
 
@@ -111,7 +111,7 @@ def fork_training_process(tf, import_error, imported, inherited=()):
     ``inherited``: sockets and descriptors of this process the training process must not keep."""
     home = workdirs.make("tfbarrier-process-")
     ours, theirs = socket.socketpair()
-    log = workdirs.private_file(os.path.join(home, protocol.LOG_FILE))
+    log = atomic.private_file(os.path.join(home, protocol.LOG_FILE))
     parent = os.getpid()
     pid = _fork()
     if pid == 0:  # the training process

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from tfbarrier import faults, settings
+from tfbarrier import atomic, faults, settings
 from tfbarrier.errors import WorkerError, WorkerStalledError
 from tfbarrier.spark import protocol, workdirs
 from tfbarrier.spark.protocol import LOG_FILE
@@ -71,7 +71,7 @@ class TrainingProcess:
         self.home, env = importable_home("tfbarrier-process-", env)
         ours, theirs = socket.socketpair()
         try:
-            with workdirs.private_file(os.path.join(self.home, LOG_FILE)) as log:
+            with atomic.private_file(os.path.join(self.home, LOG_FILE)) as log:
                 proc = subprocess.Popen(
                     [python or sys.executable, "-m", "tfbarrier.spark.training_process", str(theirs.fileno())],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -120,7 +120,7 @@ class TrainingProcess:
         log there) and the task's own environment variables (the attempt)."""
         self.workdir, self.worker_index, self.host = workdir, worker_index, host
         self._oom_kills_before = faults.oom_kills()
-        workdirs.private_file(os.path.join(workdir, LOG_FILE), "ab").close()
+        atomic.private_file(os.path.join(workdir, LOG_FILE), "ab").close()
         self.channel.send(protocol.JOB, workdir=workdir, env=env, previous_log=os.path.join(self.home, LOG_FILE),
                           sent_at=time.time())
 

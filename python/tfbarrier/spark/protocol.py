@@ -26,7 +26,7 @@ import select
 import signal
 import traceback
 
-from tfbarrier.spark import workdirs
+from tfbarrier import atomic
 
 JOB, PORT, CONFIG, PROGRESS, DONE = "job", "port", "config", "progress", "done"
 
@@ -83,7 +83,7 @@ class Channel:
 
 
 def write_pickle(workdir, name, value):
-    with workdirs.private_file(os.path.join(workdir, name)) as f:
+    with atomic.private_file(os.path.join(workdir, name)) as f:
         pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -96,7 +96,7 @@ def write_error(workdir, exc):
     """Describe ``exc`` (being handled) for the task: its class, module, message and traceback."""
     info = {"type": type(exc).__name__, "module": type(exc).__module__, "message": str(exc),
             "traceback": traceback.format_exc()}
-    with workdirs.private_file(os.path.join(workdir, ERROR_FILE), "w") as f:
+    with atomic.private_file(os.path.join(workdir, ERROR_FILE), "w") as f:
         json.dump(info, f)
 
 

@@ -171,7 +171,7 @@ def submit_with_retries(frame, job, files, display, max_retries=0, timeout=None,
             if step is faults.Next.RAISE:
                 raise
             if step is faults.Next.RESEND_THROUGH_SPARK:
-                strangers = link.describe_strangers() if link is not None else ""
+                strangers = link.room.describe() if link is not None else ""
                 display.unavailable(f"{str(error).splitlines()[0]}; the job runs again with its files inside it, "
                                     "through Spark" + (f" (the link refused connections that never proved the job's "
                                                        f"token: {strangers})" if strangers else ""))

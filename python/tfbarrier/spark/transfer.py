@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 
-from tfbarrier import faults
+from tfbarrier import atomic, faults
 from tfbarrier.errors import ClusterError
 from tfbarrier.spark import workdirs
 
@@ -68,7 +68,7 @@ class JobFiles:
 
     def add_bytes(self, name, data):
         def write(path):
-            with workdirs.private_file(path) as f:
+            with atomic.private_file(path) as f:
                 f.write(data)
 
         return self.add(name, write)
@@ -99,7 +99,7 @@ class JobFiles:
         is the file the task's result names. ClusterError when it is not: changed on the way."""
         path = os.path.join(self._received, payload.name)
         if payload.data is not None:
-            with workdirs.private_file(path) as f:
+            with atomic.private_file(path) as f:
                 f.write(payload.data)
         elif payload.sha256 is None or self._took.get(payload.name) != payload.sha256:
             raise ClusterError(
@@ -181,7 +181,7 @@ class Fetch:
             for payload in self._payloads:
                 if payload.data is not None:  # it came inside the job, through Spark
                     self.stats["via"] = "spark"
-                    with workdirs.private_file(payload.path(self._workdir)) as f:
+                    with atomic.private_file(payload.path(self._workdir)) as f:
                         f.write(payload.data)
                 else:
                     self._link.fetch(payload.name, payload.path(self._workdir), payload.sha256)

@@ -16,6 +16,8 @@ import stat
 import tempfile
 import time
 
+from tfbarrier import atomic
+
 PREFIX = "tfbarrier-"
 CACHE_PREFIX = "tfbarrier-envs-"  # environment.py's cache of built environments: kept across jobs, never swept
 # "PID START PIDNS": the owning process, its start time (a reused pid is not it) and its PID namespace (a pid
@@ -35,14 +37,8 @@ def make(prefix):
 
 def hand_over(directory, pid):
     """Make the process ``pid`` the directory's owner (a process started to use it, that removes it)."""
-    with private_file(os.path.join(directory, OWNER_FILE), "w") as f:
+    with atomic.private_file(os.path.join(directory, OWNER_FILE), "w") as f:
         f.write(f"{pid} {_start_time(pid)} {_pid_namespace('self')}\n")
-
-
-def private_file(path, mode="wb"):
-    """``open(path, mode)`` for writing, the file created 0600 whatever the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
-    return open(os.open(path, flags, 0o600), mode)
 
 
 def is_private(path):
