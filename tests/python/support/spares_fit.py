@@ -30,12 +30,13 @@ def wait_for(condition, seconds=60):
 
 
 def fit(keeping=1, idle_out=False):
-    """A fit, then the keepers awaited: ``keeping`` of them (a task starts one after it ends), and with
+    """A fit, then the keepers awaited: ``keeping`` of them (a task starts one after it ends; both tasks of the
+    executor do, and the one that finds the socket taken exits at once, so the count settles), and with
     ``idle_out`` until only those the fit found are left. With ``keeping=0``, a second for any to appear."""
     before = keepers()
     result = tfbarrier.fit(df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64)
     if keeping:
-        wait_for(lambda: len(keepers()) >= keeping)
+        wait_for(lambda: len(keepers()) == keeping)
     else:
         time.sleep(1)
     seen = keepers()
