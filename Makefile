@@ -38,7 +38,7 @@ demo-r: r-install
 	Rscript inst/examples/digits_cnn.R
 
 # The suite starts and ends with a look at the temporary directory: it must leave no tfbarrier directory
-# there (tests/leftovers.py: what killed processes leave is swept, as the next start on a host sweeps it).
+# there (tests/leftovers.py: counted before it sweeps as the next start on a host would).
 test: test-start test-python test-spark-versions test-r test-leftovers
 
 test-start: venv

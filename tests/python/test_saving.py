@@ -14,6 +14,7 @@ from conftest import digits_cnn, overshooting_line, training_processes
 
 import tfbarrier
 from tfbarrier.errors import InvalidArgumentError
+from tfbarrier.spark import workdirs
 
 
 def pixels(frame):
@@ -82,11 +83,16 @@ def test_save_to_keeps_every_epoch_of_a_model_functions_fit(digits_df, digits, t
 
 
 def test_saved_models_outlive_a_killed_driver(tmp_path):
-    """A driver killed mid-fit leaves the archives saved so far, whole and loadable, and no process."""
+    """A driver killed mid-fit leaves the archives saved so far, whole and loadable, and no process; the
+    directories it could not remove are the next start's sweep's (in a temporary directory of its own, so that
+    the suite's end counts none: tests/leftovers.py)."""
     import keras
 
     here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(mode=0o700)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p),
+           "TMPDIR": str(scratch)}
     driver = subprocess.Popen([sys.executable, os.path.join(here, "support", "saving_driver.py"), str(tmp_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=here, env=env)
     try:
@@ -105,6 +111,9 @@ def test_saved_models_outlive_a_killed_driver(tmp_path):
     while training_processes(tag=tag) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert training_processes(tag=tag) == []
+    left = workdirs.leftovers(str(scratch))
+    assert left, "a driver killed mid-fit leaves its job's directory"
+    assert sorted(workdirs.sweep(str(scratch), force=True)) == sorted(left) and workdirs.leftovers(str(scratch)) == []
 
 
 @pytest.mark.parametrize("kwargs, message", [
