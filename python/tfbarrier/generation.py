@@ -5,7 +5,9 @@ The model travels and loads as predict's does (scoring_models.py: once per Pytho
 with the sampler asked for (KerasHub's ``compile(sampler=)``) and calls the model's own ``generate`` on
 ``batch_size`` prompts at a time, so a partition streams through in bounded memory. A prompt that leaves no room
 to generate (it fills ``max_length`` tokens: the preprocessor would cut it without a word) fails its task naming
-the row; everything that does not depend on the rows is checked on the driver, before any Spark job.
+the row; everything that does not depend on the rows is checked on the driver, before any Spark job. The prompts'
+lengths are not: predict is a lazy transformation, and a prompt's tokens are counted only by the preprocessor, so
+a driver's refusal would run a Spark job over the column at the call and tokenize there what the tasks tokenize.
 """
 
 import dataclasses
