@@ -19,6 +19,7 @@ from conftest import training_processes
 
 from support import flood as flood_process
 from support import ring_rank, stranger
+from support.peak_memory import PeakMemory
 
 import tfbarrier
 from tfbarrier.exchange import ring_admission
@@ -47,26 +48,6 @@ def flood(targets, source="127.0.0.2", idle=300, line_mb=300, lines=2, seconds=1
         stranger_.stdin.close()
         did.update(json.loads(stranger_.stdout.readline() or "{}"))
         stranger_.wait(timeout=30)
-
-
-class PeakMemory:
-    """This process's resident memory, sampled every 20 ms while the block runs: ``growth``, peak less start."""
-
-    def __enter__(self):
-        self.process, self.stop = psutil.Process(), threading.Event()
-        self.start = self.peak = self.process.memory_info().rss
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self):
-        while not self.stop.wait(0.02):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        self.growth = self.peak - self.start
 
 
 def a_tasks_work(server, model, path):

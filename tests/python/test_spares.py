@@ -17,7 +17,7 @@ from tfbarrier.spark.launcher import importable_home
 
 def test_keepers_outlive_python_workers_fork_the_next_fits_processes_and_die_with_spark():
     report = run_driver("spares_fit.py")
-    first, second, timed_out, off, last = report["fits"]
+    first, second, timed_out, off, last, squatted = report["fits"]
     # Another local user (nobody) found the keeper's socket, got no process, and planted no job (issue 58).
     intruder = report["intruder"]
     assert intruder.get("uid") == 65534 and intruder["sockets"] >= 1, intruder
@@ -41,6 +41,12 @@ def test_keepers_outlive_python_workers_fork_the_next_fits_processes_and_die_wit
     # spareIdleTimeout=5 left a keeper of its own, gone 5 s after; warm start off left none.
     assert len(timed_out["keepers_seen"]) == 2 and timed_out["keepers"] == first["keepers"]
     assert off["keepers"] == first["keepers"]
+    # Another local user took the keeper's name once it ended: both tasks came, saw a stranger and closed at once,
+    # and trained in processes of their own (with the check of who listens gone, they waited on it for 20 s).
+    squatter = report["squatter"]
+    assert squatter.get("uid") == 65534 and len(squatter["connections"]) == 2, squatter
+    assert all(c["closed_by_task"] and c["held"] < 5 for c in squatter["connections"]), squatter
+    assert squatted["warm"] == [False, False]
     # A fresh process imports TensorFlow after its task sent the job; a keeper had done it before it forked.
     assert min(first["tensorflow_import"]) > 0 and max(second["tensorflow_import"]) == 0
     deadline = time.monotonic() + 30

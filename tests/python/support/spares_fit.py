@@ -2,8 +2,10 @@
 ones) whose Python workers exit after each task (spark.python.worker.reuse=false), as when Spark
 retires idle ones: keepers must outlive them. Prints one JSON line."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -67,6 +69,38 @@ def intrude(same_user=False):
     return dict(seen, marker=os.path.exists(marker), keepers_after=keepers())
 
 
+def keeper_name(pid):
+    """The abstract socket name the keeper ``pid`` listens on (from /proc/net/unix, by its descriptors' inodes)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    with open("/proc/net/unix") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    names = {row[-1] for row in rows if len(row) > 7 and row[6] in inodes and row[-1].startswith("@tfbarrier-spares-")}
+    assert len(names) == 1, names
+    return "\0" + names.pop()[1:]
+
+
+def squat():
+    """Another local user (support/squatter.py, as nobody) takes the name the keeper listened on once it has ended;
+    a fit must start its own processes (cold) and close on the squatter at once, and leave no keeper behind it."""
+    (keeper,) = keepers()
+    name = keeper_name(keeper)
+    os.kill(keeper, signal.SIGTERM)
+    wait_for(lambda: not keepers())
+    here = os.path.dirname(os.path.abspath(__file__))
+    squatter = subprocess.Popen([sys.executable, os.path.join(here, "squatter.py"), name.encode().hex()],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert squatter.stdout.readline().strip() == "LISTENING"
+    fit(keeping=0)
+    out, _ = squatter.communicate("", timeout=120)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[0][7:]) if lines else {"error": out[-2000:]}
+
+
 fit()
 fit()
 report["intruder"] = intrude()
@@ -77,6 +111,7 @@ spark.conf.unset("spark.tfbarrier.spareIdleTimeout")
 spark.conf.set("spark.tfbarrier.warmStart", "false")
 fit(keeping=0)
 spark.conf.unset("spark.tfbarrier.warmStart")
-fit()  # the first keeper's again, left for spark.stop() to end
+fit()  # the first keeper's again
+report["squatter"] = squat()
 print("RESULT " + json.dumps(report), flush=True)
 spark.stop()
