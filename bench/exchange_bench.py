@@ -1,4 +1,4 @@
-"""tfbarrier's own ring all-reduce (exchange/ring.py, authenticated), plain and over TLS 1.3 (exchange/tls.py: what a
+"""tfbarrier's own ring all-reduce (exchange/ring.py, authenticated), plain and over TLS 1.3 (tls.py: what a
 cluster that encrypts gets), against TensorFlow's collective all-reduce (MultiWorkerMirroredStrategy, RING,
 the translated path's), two processes on loopback, float32 buffers of gradient sizes: seconds per
 all-reduce (the slower rank's), rounds interleaved. With ``--baseline-ref REV``, the ring of that revision
@@ -22,7 +22,7 @@ import harness
 HERE = os.path.abspath(__file__)
 KINDS = ("ring", "ring-tls", "tf")
 BEFORE = "ring-before"  # --baseline-ref's ring
-TLS_FILE_ENV = "TFBARRIER_BENCH_TLS"  # the pickled job_tls.Credentials both ring-tls ranks use
+TLS_FILE_ENV = "TFBARRIER_BENCH_TLS"  # the pickled tls.Credentials both ring-tls ranks use
 
 
 def ring_worker(rank, ports, sizes, reps, tls=None, gather=True):
@@ -107,7 +107,7 @@ def main():
     parser.add_argument("--baseline-ref", help="also this revision's ring (and every ring's all-gather)")
     args = parser.parse_args()
     sizes = [int(mb * 2**20 / 4) for mb in args.mb]
-    from tfbarrier.exchange.tls import Credentials
+    from tfbarrier.tls import Credentials
 
     with open(os.path.join(harness.scratch_dir(prefix="exchange-bench-"), "tls.pkl"), "wb") as f:
         pickle.dump(Credentials.new(), f)

@@ -15,7 +15,7 @@ from tfbarrier import errors, tf_banners
 # What ``tfbarrier.<name>`` is, and the module it comes from.
 # A call is never named as a module: importing a submodule sets the package's attribute of its name, over
 # the call (``tfbarrier.attach`` was both, and became the module once ``attached_session`` was used).
-_CALLS = {"FitResult": "api", "apply": "api", "fit": "api", "run": "api",
+_CALLS = {"FitResult": "api", "apply": "functions.calls", "fit": "api", "run": "functions.calls",
           "attach": "spark.attachment", "attached_session": "spark.attachment", "detach": "spark.attachment",
           "PythonEnv": "spark.environment", "preset": "models.presets", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
           "TuneResult": "tuning", "tune": "tuning"}

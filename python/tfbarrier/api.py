@@ -1,5 +1,5 @@
-"""The calls that run a barrier stage, each a face over its room: ``fit`` (fitting/front.py, its gradients'
-exchange tfbarrier.exchange), ``run`` and ``apply`` (spark/functions.py)."""
+"""``fit``'s face (its signature and documentation) over its room, fitting/ (front.py; its gradients' exchange
+tfbarrier.exchange). ``run`` and ``apply`` have theirs in functions/calls.py."""
 
 import time
 
@@ -7,9 +7,9 @@ from tfbarrier import checks, tracking
 from tfbarrier.fitting import front
 from tfbarrier.results import FitResult
 from tfbarrier.settings import STALL_TIMEOUT
-from tfbarrier.spark import functions, preflight, transfer
+from tfbarrier.spark import preflight, transfer
 
-__all__ = ["FitResult", "apply", "fit", "run"]
+__all__ = ["FitResult", "fit"]
 
 
 def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
@@ -171,30 +171,3 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
     with transfer.JobFiles() as files:
         frame, job = front.prepare(files, started, **arguments)
         return front.train(frame, job, model, files, checks.positive_int("num_workers", num_workers), staging, tracked)
-
-
-def run(train_fn, *, num_workers=2, args=(), kwargs=None, spark=None, tf_threads=None, timeout=None,
-        allow_unencrypted=False, use_gpu=False, env=None, verbose=1, **unknown):
-    """Call ``train_fn(*args, **kwargs)`` in ``num_workers`` Spark barrier tasks at once, each in its own
-    process with ``TF_CONFIG`` set for a multi-worker TensorFlow cluster, and return worker 0's (the
-    chief's) return value. ``train_fn`` builds its own strategy, as in TensorFlow's multi-worker
-    tutorial; ``tf.keras`` is tf_keras there. Its return value must be picklable. ``verbose=2`` shows
-    every worker's printed lines on the driver as they come. ``timeout``, ``allow_unencrypted``,
-    ``use_gpu`` and ``env`` are as in ``fit``."""
-    checks.no_unknown_arguments("run", unknown, run)
-    return functions.run(train_fn, num_workers=num_workers, args=args, kwargs=kwargs, spark=spark, tf_threads=tf_threads,
-                         timeout=timeout, allow_unencrypted=allow_unencrypted, use_gpu=use_gpu, env=env, verbose=verbose)
-
-
-def apply(data, fn, *, num_workers=2, columns=None, timeout=None, allow_unencrypted=False, use_gpu=False,
-          env=None, verbose=1, **unknown):
-    """Call ``fn(partition, barrier)`` in ``num_workers`` Spark barrier tasks at once, each in its own
-    process with ``TF_CONFIG`` set, on that task's partition of ``data`` (a pandas DataFrame); return
-    the pandas DataFrames it returns, concatenated in worker order. ``barrier`` is a dict: address
-    (this worker's host:port in TF_CONFIG), partition, num_workers, tf_config (the JSON string).
-    ``columns`` ({name: Arrow type name, e.g. "string", "int32", "float64", "bool"}) selects and casts
-    the result's columns. ``verbose``, ``timeout``, ``allow_unencrypted``, ``use_gpu`` and ``env`` are
-    as in ``run``. This is what R's ``spark_tf_apply()`` runs an R closure through."""
-    checks.no_unknown_arguments("apply", unknown, apply)
-    return functions.apply(data, fn, num_workers=num_workers, columns=columns, timeout=timeout,
-                           allow_unencrypted=allow_unencrypted, use_gpu=use_gpu, env=env, verbose=verbose)

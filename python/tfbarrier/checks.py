@@ -13,7 +13,7 @@ from tfbarrier.errors import ColumnError, InvalidArgumentError
 from tfbarrier.exchange import OLD_RING_SPELLING
 from tfbarrier.exchange.base import COMPRESSIONS
 from tfbarrier.exchange.strategy import IMPLEMENTATIONS
-from tfbarrier.spark.job import pickle_user_code
+from tfbarrier.user_code import pickle_user_code
 
 
 def no_unknown_arguments(function_name, unknown, function):

@@ -15,7 +15,7 @@ DRIVER_LINK_CONF = "spark.tfbarrier.driverLink"  # false: no link; models and re
 MEMORY_CHECK_CONF = "spark.tfbarrier.memoryCheck"  # false: no refusal of models that cannot fit (memory.py)
 KERAS3_TRAINING_CONF = "spark.tfbarrier.keras3Training"  # a Keras 3 model: "auto", "native", "translated" (native_model.py)
 ENCRYPTION_CONFS = ("spark.ssl.enabled", "spark.network.crypto.enabled")  # on: tfbarrier's traffic is encrypted
-ENCRYPT_CONF = "spark.tfbarrier.encrypt"  # "auto": TLS when Spark encrypts; "always": TLS anyway (job_tls.py)
+ENCRYPT_CONF = "spark.tfbarrier.encrypt"  # "auto": TLS when Spark encrypts; "always": TLS anyway (tls.py)
 
 
 def switched_on(conf_get, key):

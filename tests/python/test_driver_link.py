@@ -14,7 +14,7 @@ from support import on_path as on_path_attacker
 from tfbarrier.errors import ClusterError
 from tfbarrier.spark import link_wire, transfer
 from tfbarrier.spark.driver_link import DriverLink, DriverServer, fetch
-from tfbarrier.exchange.tls import Credentials
+from tfbarrier.tls import Credentials
 
 
 def wait_until(condition, seconds=5):

@@ -13,7 +13,7 @@ import pytest
 from tfbarrier.errors import WorkerError
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_admission import NONCE_BYTES
-from tfbarrier.exchange.tls import Credentials
+from tfbarrier.tls import Credentials
 
 SECRET = b"the job's secret"
 

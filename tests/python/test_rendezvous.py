@@ -147,7 +147,8 @@ def test_tasks_that_cannot_reach_the_driver_meet_through_allgather(spark):
     import cloudpickle
 
     from tfbarrier.spark import stage
-    from tfbarrier.spark.job import RunJob, pickle_user_code
+    from tfbarrier.functions.jobs import RunJob
+    from tfbarrier.user_code import pickle_user_code
     from tfbarrier.spark.transfer import Payload
 
     with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task

@@ -84,7 +84,7 @@ def test_a_module_the_user_registered_by_value_stays_registered():
     import cloudpickle
     from support import faults
 
-    from tfbarrier.spark.job import pickle_user_code
+    from tfbarrier.user_code import pickle_user_code
 
     cloudpickle.register_pickle_by_value(faults)
     try:

@@ -214,7 +214,8 @@ def test_tasks_that_cannot_reach_the_driver_link_get_the_job_again_with_its_file
 
     from tfbarrier import progress
     from tfbarrier.spark import stage
-    from tfbarrier.spark.job import RunJob, pickle_user_code
+    from tfbarrier.functions.jobs import RunJob
+    from tfbarrier.user_code import pickle_user_code
     from tfbarrier.spark.transfer import JobFiles
 
     with socket.socket() as closed:  # a port nobody listens on: what a firewall looks like to a task

@@ -24,7 +24,7 @@ import numpy as np
 
 from tfbarrier.errors import PeerLostError, WorkerError
 from tfbarrier.exchange import ring_admission
-from tfbarrier.exchange.tls import describe
+from tfbarrier.tls import describe
 
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
 DEAD_LINK_SECONDS = 10  # a link that answers nothing for this long fails the ring (_fail_on_dead_links)
@@ -66,7 +66,7 @@ class Ring:
     def join(cls, rank, addresses, secret, listener, timeout=60.0, tls=None):
         """Connect to the next process in ``addresses`` (``host:port`` of every rank) and admit the
         previous one on ``listener`` (a listening socket on this rank's address), over TLS with ``tls``
-        (job_tls.Credentials). Connections that do not prove ``secret`` (bytes) are closed and the wait
+        (tls.Credentials). Connections that do not prove ``secret`` (bytes) are closed and the wait
         goes on; WorkerError after ``timeout`` s."""
         size = len(addresses)
         if size == 1:

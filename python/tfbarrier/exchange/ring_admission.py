@@ -73,7 +73,7 @@ def _introduce(sock, secret, rank, their_nonce):
 
 
 def greet(sock, credentials, rank):
-    """The connecting side's TLS (with ``credentials``' job_tls.Credentials) and proof of the secret:
+    """The connecting side's TLS (with ``credentials``' tls.Credentials) and proof of the secret:
     (the socket, None), (it, why the peer is not this job's), or (it, RETRY) when the TLS handshake failed
     otherwise (the peer went away, or it is not speaking TLS: not yet the job's process there)."""
     secret, tls = credentials

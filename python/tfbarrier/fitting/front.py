@@ -10,7 +10,6 @@ from tfbarrier import exchange as exchanges
 from tfbarrier.data import parquet_source, text
 from tfbarrier.data.layouts import layout as features_layout
 from tfbarrier.errors import ReplicasDivergedError
-from tfbarrier.exchange import tls
 from tfbarrier.fitting.job import VALIDATION_COLUMN, FitJob, validates
 from tfbarrier.models import memory, native_model, presets
 from tfbarrier.results import FitResult
@@ -50,7 +49,7 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
     if native:
         native_model.check_options(**{"class_weight with a label per output": (
             class_weight if layout.outputs else None, "give a sample_weight column instead")})
-    encrypted = tls.required(spark) and not allow_unencrypted
+    encrypted = preflight.encryption_required(spark) and not allow_unencrypted
 
     def exchange_for(gpus_per_worker):  # chosen once, when the GPUs per worker are known
         return exchanges.choose(requested, communication, native=native, encrypted=encrypted,

@@ -32,7 +32,7 @@ import numpy as np
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange import strategy as communication
 from tfbarrier.models import keras_compat
-from tfbarrier.spark.job import pickle_user_code
+from tfbarrier.user_code import pickle_user_code
 
 FUNCTION_HINT = (
     "pass a function that builds and compiles the model instead, e.g. "

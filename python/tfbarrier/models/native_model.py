@@ -23,7 +23,7 @@ import cloudpickle
 from tfbarrier import atomic
 from tfbarrier.errors import InvalidArgumentError, ModelError
 from tfbarrier.models.model_spec import ModelSpec, keras_flavor, read_weights, save_archive
-from tfbarrier.spark.job import pickle_user_code
+from tfbarrier.user_code import pickle_user_code
 
 ARCHIVE_FILE = "model.keras"  # the model as the driver sends it
 OBJECTS_FILE = "custom-objects.pkl"  # {name: the user's class or function}, cloudpickled
@@ -121,7 +121,7 @@ def custom_objects(model):
 
 
 def pickled_custom_objects(model):
-    """``custom_objects(model)``, cloudpickled: the user's own modules go by value (job.pickle_user_code)."""
+    """``custom_objects(model)``, cloudpickled: the user's own modules go by value (user_code.py)."""
     objects = custom_objects(model)
     try:
         return pickle_user_code(objects, *objects.values())

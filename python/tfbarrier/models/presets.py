@@ -20,7 +20,7 @@ import tempfile
 import cloudpickle
 
 from tfbarrier.errors import InvalidArgumentError, ModelError
-from tfbarrier.spark.job import pickle_user_code
+from tfbarrier.user_code import pickle_user_code
 
 HUB_SCHEMES = ("hf", "kaggle", "modelscope")  # handles KerasHub downloads: hf://org/model, kaggle://org/model/keras/v/1
 TASK_FILE = "task.json"  # KerasHub's: the task's class and config, written by save_to_preset

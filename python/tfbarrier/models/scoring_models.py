@@ -7,7 +7,7 @@ digest of its content; the driver serves it for as
 long as it runs (transfer.session_server): each executor host fetches the file once into its
 temporary directory (the last MODELS_KEPT of them are kept), outside Spark's JVM, and each Spark Python
 worker rebuilds the model once and keeps the last _CACHE_SIZE. Where Spark encrypts its traffic, so does
-the link (TLS, job_tls.py). Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``, or it
+the link (TLS, tls.py). Where the driver cannot serve files (``spark.tfbarrier.driverLink=false``, or it
 cannot listen on its address), or the session is attached to another program's JVM (attachment.py: that program computes the
 predictions, maybe while this process runs no Python, or after it is gone), the weights go in a Spark
 broadcast. A Keras 3 model's own classes and functions go along, cloudpickled (native_model.py).
@@ -26,12 +26,11 @@ import cloudpickle
 
 from tfbarrier import atomic
 from tfbarrier.errors import ClusterError
-from tfbarrier.exchange import tls as job_tls
 from tfbarrier.models import native_model, presets
 from tfbarrier.models.model_spec import (archive_digest, keras_flavor, keras_module, read_weights, save_archive,
                                          tf_variable, write_weights)
 from tfbarrier.settings import MODEL_LOAD_LOG_ENV
-from tfbarrier.spark import cluster, driver_link, transfer
+from tfbarrier.spark import cluster, driver_link, preflight, transfer
 from tfbarrier.spark.attachment import is_attached
 
 _CACHE_SIZE = 2  # models kept per Python worker
@@ -65,8 +64,8 @@ def scoring_model(spark, model, adapters=None):
 
     source = None
     if cluster.driver_link_enabled(spark) and not is_attached(spark):
-        try:  # over TLS where the job's traffic must be encrypted (job_tls.py)
-            files, server = transfer.session_server(cluster.driver_host(spark), encrypted=job_tls.required(spark))
+        try:  # over TLS where the job's traffic must be encrypted (tls.py)
+            files, server = transfer.session_server(cluster.driver_host(spark), encrypted=preflight.encryption_required(spark))
             source = {"endpoint": server.endpoint, "payload": files.add_file(name, write)}
         except OSError:
             source = None

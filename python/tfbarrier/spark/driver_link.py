@@ -38,7 +38,7 @@ import threading
 import time
 
 from tfbarrier import settings
-from tfbarrier.exchange.tls import describe
+from tfbarrier.tls import describe
 from tfbarrier.spark import link_wire
 from tfbarrier.waiting_room import LIMIT, WaitingRoom
 

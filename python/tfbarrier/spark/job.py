@@ -10,26 +10,15 @@ kind fills in, so that a new kind is one class:
   back on the driver       ``attempt_fields`` (what an attempt records) and ``decode`` (the workers'
                            results and the files they sent: what the call returns)
 
-The kinds: ``FitJob`` (fit_job.py: Keras fit under MultiWorkerMirroredStrategy), and here ``RunJob``
-(call the user's function in every worker) and ``ApplyJob`` (call it on each task's partition).
+The kinds: ``FitJob`` (fitting/job.py: a Keras fit over its exchange), ``RunJob`` and ``ApplyJob``
+(functions/jobs.py: the user's function in every worker, or on each task's partition).
 """
 
 import dataclasses
-import json
-import os
 import secrets
-import sys
-import sysconfig
-import time
 import uuid
 
-import cloudpickle
-
 from tfbarrier import settings
-from tfbarrier.data import shards
-from tfbarrier.errors import ColumnError
-from tfbarrier.faults import port_clash_is_retryable
-from tfbarrier.results import ProcessReport
 
 
 @dataclasses.dataclass
@@ -50,9 +39,9 @@ class Job:
     verbose: int = 0
     started_at: float = None  # driver clock at the call, for deadlines and time-to-first-step
     job_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:12])
-    # what a training process proves to its peers before they exchange anything (exchange.py)
+    # what a training process proves to its peers before they exchange anything (exchange/ring_admission.py)
     secret: str = dataclasses.field(default_factory=lambda: secrets.token_hex(16), repr=False)
-    tls: object = None  # job_tls.Credentials when the job's own traffic is encrypted (the cluster's is); None: plain
+    tls: object = None  # tls.Credentials when the job's own traffic is encrypted (the cluster's is); None: plain
 
     # ---- in the task (no TensorFlow there) ----
     def write_input(self, batches, path, index):
@@ -88,118 +77,3 @@ class Job:
         """What the workers sent back, as the caller gets it: ``results`` are their WorkerResults in worker
         order, ``files`` the job's transfer.JobFiles (``files.received(payload)``: a sent file's path)."""
         raise NotImplementedError
-
-
-def _report(started, **fields):
-    return ProcessReport(timings={"training": time.time() - started}, python_prefix=sys.prefix,
-                         finished_at=time.time(), **fields)
-
-
-def load_payload(payload, workdir):
-    """The cloudpickled value of ``payload`` (a transfer.Payload in ``workdir``)."""
-    with open(payload.path(workdir), "rb") as f:
-        return cloudpickle.load(f)
-
-
-VALUE_FILE = "value.pkl"  # run: the chief's return value, cloudpickled
-TABLE_FILE = "table.arrow"  # apply: the frame a worker returned, as an Arrow IPC stream
-
-
-@dataclasses.dataclass
-class RunJob(Job):
-    """``run``: call the user's function in every training process; the chief's value comes back."""
-
-    needs_tensorflow = False
-    function: object = None  # transfer.Payload: cloudpickled (fn, args, kwargs)
-
-    def execute(self, tf, config, channel):
-        fn, args, kwargs = load_payload(self.function, config["workdir"])
-        started = time.time()
-        with port_clash_is_retryable():  # the user's function builds the strategy
-            value = fn(*args, **kwargs)
-        if config["tf_config"]["task"]["index"] != 0:
-            return _report(started)
-        with open(os.path.join(config["workdir"], VALUE_FILE), "wb") as f:
-            cloudpickle.dump(value, f)
-        return _report(started, files={"value": VALUE_FILE})
-
-    def decode(self, results, files):
-        """The chief's return value."""
-        with open(files.received(results[0].files["value"]), "rb") as f:
-            return cloudpickle.load(f)
-
-
-@dataclasses.dataclass
-class ApplyJob(Job):
-    """``apply``: call the user's function on each task's partition; its frame comes back as an Arrow
-    IPC stream, cast to ``output_schema`` when given."""
-
-    needs_tensorflow = False
-    function: object = None  # transfer.Payload: cloudpickled fn(partition, barrier)
-    input_schema: object = None  # pyarrow schema of the partitions
-    output_schema: object = None  # pyarrow schema the function's frames are cast to (None: as they come)
-
-    def write_input(self, batches, path, index):
-        return {"rows": shards.write_partition(batches, path), "checksum": None}
-
-    def execute(self, tf, config, channel):
-        import pyarrow as pa
-
-        fn = load_payload(self.function, config["workdir"])
-        tf_config = config["tf_config"]
-        index = tf_config["task"]["index"]
-        barrier = {"address": tf_config["cluster"]["worker"][index], "partition": index,
-                   "num_workers": len(tf_config["cluster"]["worker"]), "tf_config": json.dumps(tf_config)}
-        started = time.time()
-        frame = fn(shards.read_partition(config["shard"], self.input_schema), barrier)
-        table = self._cast(pa.Table.from_pandas(frame, preserve_index=False))
-        with pa.ipc.new_stream(os.path.join(config["workdir"], TABLE_FILE), table.schema) as writer:
-            writer.write_table(table)
-        return _report(started, files={"table": TABLE_FILE})
-
-    def decode(self, results, files):
-        """The workers' frames, concatenated in worker order (a pandas DataFrame)."""
-        import pyarrow as pa
-
-        tables = [pa.ipc.open_stream(files.received(r.files["table"])).read_all() for r in results]
-        return pa.concat_tables(tables, promote_options="default").to_pandas()
-
-    def _cast(self, table):
-        if self.output_schema is None:
-            return table
-        missing = [name for name in self.output_schema.names if name not in table.column_names]
-        if missing:
-            raise ColumnError(f"the function's result has no column(s) {missing}; it has {table.column_names}")
-        return table.select(self.output_schema.names).cast(self.output_schema)
-
-
-def _installed(module):
-    """True for modules of the standard library or of an installed distribution (importable on any
-    executor that has the same environment); False for the user's own scripts and notebooks."""
-    path = getattr(module, "__file__", None)
-    if path is None:
-        return module.__name__ in sys.builtin_module_names
-    path = os.path.realpath(path)
-    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return any(path.startswith(os.path.realpath(root) + os.sep) for root in roots)
-
-
-def _registered_by_value(module):
-    return module.__name__ in getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ())
-
-
-def pickle_user_code(obj, *functions):
-    """cloudpickle ``obj``, shipping the modules of ``functions`` (functions or classes) by value when
-    they are the user's own code (a script, a test module, a notebook helper), which the training
-    processes could not import. The user's other modules that ``obj`` uses go by value once registered
-    with cloudpickle's ``register_pickle_by_value`` (README); such a registration outlives the call."""
-    modules = {sys.modules.get(getattr(function, "__module__", None) or "") for function in functions}
-    by_value = [module for module in modules if module is not None and module.__name__ != "__main__"
-                and not _installed(module) and not _registered_by_value(module)]
-    for module in by_value:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        return cloudpickle.dumps(obj)
-    finally:
-        for module in by_value:
-            cloudpickle.unregister_pickle_by_value(module)

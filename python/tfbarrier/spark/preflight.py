@@ -2,10 +2,10 @@
 Python environment (an archive is shipped), the GPU plan, the job's encryption, the executors' Python and
 free slots for every worker; and the stage's own arguments. Each refuses in words before any Spark job."""
 
-from tfbarrier import checks
-from tfbarrier.errors import InvalidArgumentError
-from tfbarrier.exchange import tls
+from tfbarrier import checks, settings
+from tfbarrier.errors import ClusterError, InvalidArgumentError
 from tfbarrier.spark import cluster, gpus
+from tfbarrier.tls import Credentials
 from tfbarrier.spark.environment import PythonEnv
 
 
@@ -40,7 +40,7 @@ def job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_
     env = python_env(spark, env)
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)
     exchange = exchange_for(gpus_per_worker) if exchange_for else None
-    credentials = tls.for_job(spark, allow_unencrypted, tensorflow_server=exchange is None or exchange.tensorflow_server)
+    credentials = job_credentials(spark, allow_unencrypted, tensorflow_server=exchange is None or exchange.tensorflow_server)
     cluster.check_executor_python(spark)
     cluster.check_barrier_capacity(spark, num_workers)
     basics = {"env": env, "gpus": gpu_plan, "spare_idle_timeout": cluster.spare_idle_timeout(spark),
@@ -52,3 +52,34 @@ def stage_arguments(verbose, max_retries=0, timeout=None):
     """stage.run's arguments of a call, checked."""
     return {"verbose": checks.verbosity(verbose), "max_retries": checks.non_negative_int("max_retries", max_retries),
             "timeout": checks.positive_seconds("timeout", timeout)}
+
+
+def encryption_reasons(spark):
+    """Why a job's own traffic must be encrypted: the settings of ENCRYPTION_CONFS that are on (Spark
+    encrypts its own), and spark.tfbarrier.encrypt=always; empty when it need not be."""
+    setting = str(spark.conf.get(settings.ENCRYPT_CONF, "auto")).strip().lower()
+    if setting not in ("auto", "always"):
+        raise ClusterError(f"{settings.ENCRYPT_CONF} must be 'auto' (encrypt when Spark does) or 'always', "
+                           f"got {setting!r}")
+    return cluster.encryption_enabled(spark) + ([f"{settings.ENCRYPT_CONF}=always"] if setting == "always" else [])
+
+
+def encryption_required(spark):
+    """Whether a job's own traffic must be encrypted (``encryption_reasons``)."""
+    return bool(encryption_reasons(spark))
+
+
+def job_credentials(spark, allow_unencrypted, tensorflow_server):
+    """The tls.Credentials a job's own traffic is encrypted with, or None when it need not be
+    (``encryption_reasons``). Refuses a job whose workers talk over TensorFlow's gRPC (``tensorflow_server``),
+    which nothing here encrypts, where traffic must be encrypted, unless the user accepted that with
+    ``allow_unencrypted``."""
+    why = encryption_reasons(spark)
+    if why and tensorflow_server and not allow_unencrypted:
+        raise ClusterError(
+            f"{' and '.join(why)} is on, but TensorFlow's gRPC traffic between the workers (gradients, weights) "
+            "is not encrypted: this job uses it (a fit with exchange='strategy': MultiWorkerMirroredStrategy; run() "
+            "and apply(): they hand the workers a TF_CONFIG for it). Leave a fit's exchange at 'auto' or "
+            "'tfbarrier' (tfbarrier's own encrypted ring), or run on a trusted network and pass "
+            "allow_unencrypted=True to accept that")
+    return Credentials.new() if why else None

@@ -253,7 +253,7 @@ def session_server(host, encrypted=False):
     ``host``."""
     import atexit
 
-    from tfbarrier.exchange.tls import Credentials
+    from tfbarrier.tls import Credentials
     from tfbarrier.spark.driver_link import DriverServer
 
     with _session_lock:

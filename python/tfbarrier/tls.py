@@ -1,4 +1,5 @@
-"""TLS for a job's own traffic when the cluster encrypts: the driver link and the training processes' ring.
+"""TLS for a job's own traffic when the cluster encrypts: the driver link, transfers and the training processes'
+ring. Which jobs must encrypt is the cluster's to say (spark/preflight.py).
 
 A job that must encrypt makes a self-signed certificate and its key on the driver and carries both in
 the job, which Spark ships encrypted when its own encryption is on (the job's secret travels the same
@@ -15,8 +16,6 @@ import ssl
 import tempfile
 import threading
 
-from tfbarrier import settings
-from tfbarrier.errors import ClusterError
 
 LIFETIME = datetime.timedelta(days=3650)  # outlives any job (its retries too): the key dies with the job anyway
 
@@ -113,35 +112,3 @@ def describe(sock):
     cipher = getattr(sock, "cipher", None)
     used = cipher() if cipher is not None else None  # None also once the socket closed
     return None if used is None else f"{used[1]} {used[0]}"
-
-
-def reasons(spark):
-    """Why a job's own traffic must be encrypted: the settings of ENCRYPTION_CONFS that are on (Spark
-    encrypts its own), and spark.tfbarrier.encrypt=always; empty when it need not be."""
-    from tfbarrier.spark.cluster import encryption_enabled
-
-    setting = str(spark.conf.get(settings.ENCRYPT_CONF, "auto")).strip().lower()
-    if setting not in ("auto", "always"):
-        raise ClusterError(f"{settings.ENCRYPT_CONF} must be 'auto' (encrypt when Spark does) or 'always', "
-                           f"got {setting!r}")
-    return encryption_enabled(spark) + ([f"{settings.ENCRYPT_CONF}=always"] if setting == "always" else [])
-
-
-def required(spark):
-    """Whether a job's own traffic must be encrypted (``reasons``)."""
-    return bool(reasons(spark))
-
-
-def for_job(spark, allow_unencrypted, tensorflow_server):
-    """The Credentials a job's own traffic is encrypted with, or None when it need not be (``reasons``).
-    Refuses a job whose workers talk over TensorFlow's gRPC (``tensorflow_server``), which nothing here
-    encrypts, where traffic must be encrypted, unless the user accepted that with ``allow_unencrypted``."""
-    why = reasons(spark)
-    if why and tensorflow_server and not allow_unencrypted:
-        raise ClusterError(
-            f"{' and '.join(why)} is on, but TensorFlow's gRPC traffic between the workers (gradients, weights) "
-            "is not encrypted: this job uses it (a fit with exchange='strategy': MultiWorkerMirroredStrategy; run() "
-            "and apply(): they hand the workers a TF_CONFIG for it). Leave a fit's exchange at 'auto' or "
-            "'tfbarrier' (tfbarrier's own encrypted ring), or run on a trusted network and pass "
-            "allow_unencrypted=True to accept that")
-    return Credentials.new() if why else None
