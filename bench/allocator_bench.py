@@ -40,12 +40,13 @@ def worker(index, ports, out):
     import tf_keras
 
     from tfbarrier.exchange import strategy as communication
+    from tfbarrier import keras_helpers
     from tfbarrier.fitting import optimizers
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication.strategy_options(tf, None))
     baseline = peak_mb()
     with strategy.scope():
-        with communication.initial_values_local(strategy):  # as ModelSpec.build: no broadcast of the weights
+        with keras_helpers.initial_values_local(strategy):  # as ModelSpec.build: no broadcast of the weights
             layers = tf_keras.layers
             model = tf_keras.Sequential([
                 tf_keras.Input((INPUT,)), layers.Dense(HIDDEN, "relu", kernel_initializer="zeros"),

@@ -21,7 +21,8 @@ class FirstLayersFirst(AuthenticatedRing):
 
 def train(job, config, channel):
     """The ring's training process, its packs leaving in the old order."""
-    from tfbarrier.exchange import ring_hooks, ring_training
+    from tfbarrier.exchange import ring_hooks
+    from tfbarrier.fitting import ring_training
 
     ring_training.exchange_gradients = functools.partial(ring_hooks.exchange_gradients, last_layers_first=False)
     return ring_training.train(job, config, channel)

@@ -1,18 +1,12 @@
-"""The driver's checks of the arguments and the data (columns, shapes, values), each raising an error that
-names the problem and the fix. All but one run before any cluster work: ``profile`` reads the data in one
-Spark job. What the feature columns must hold is their layout's to say (features.py), here and again in
-the tasks, on the shard they wrote (a plain Parquet scan is checked there, row by row)."""
+"""The driver's checks of the calls' arguments, each raising an error that names the problem and the fix,
+before any cluster work. The data's are data/profiles.py's; an exchange's options, tfbarrier.exchange's."""
 
 import difflib
 import inspect
 import numbers
 import os
 
-from tfbarrier.data.layouts import layout as features_layout
-from tfbarrier.errors import ColumnError, InvalidArgumentError
-from tfbarrier.exchange import OLD_RING_SPELLING
-from tfbarrier.exchange.base import COMPRESSIONS
-from tfbarrier.exchange.strategy import IMPLEMENTATIONS
+from tfbarrier.errors import InvalidArgumentError
 from tfbarrier.user_code import pickle_user_code
 
 
@@ -126,18 +120,6 @@ def spark_dataframe(data, name="data"):
     return data
 
 
-def profile(df, layout):
-    """One aggregate pass over the training columns: rows, the partitions that hold any
-    (``nonempty_partitions``), nulls per column, and what the layout measures (features.py)."""
-    from pyspark.sql import functions as F
-
-    partition = "__tfbarrier_partition"  # projected first: Spark refuses it inside an aggregate
-    aggregates = [F.count(F.lit(1)).alias("rows"), F.count_distinct(partition).alias("nonempty_partitions")]
-    aggregates += [F.count_if(F.col(name).isNull()).alias(f"nulls_{i}") for i, name in enumerate(layout.columns)]
-    aggregates += layout.aggregates() + layout.sequence_aggregates()
-    return df.withColumn(partition, F.spark_partition_id()).agg(*aggregates).collect()[0].asDict()
-
-
 def class_weights(class_weight):
     """``class_weight`` as {class id: weight}; R's names arrive as strings ("0")."""
     if class_weight is None:
@@ -152,49 +134,6 @@ def class_weights(class_weight):
         raise InvalidArgumentError(f"class_weight must map class ids (integers >= 0) to weights >= 0, e.g. "
                                    f"{{0: 1.0, 1: 5.0}}; got {class_weight!r}")
     return weights
-
-
-def validation_arguments(validation_data, validation_split, validation_freq, features, label, weight=None):
-    """(validation_data with the training columns, validation_split as a float or None, validation_freq)."""
-    if validation_data is not None and validation_split is not None:
-        raise InvalidArgumentError("pass validation_data or validation_split, not both")
-    if validation_data is not None:
-        validation_data = spark_dataframe(validation_data, "validation_data")
-        features_layout(validation_data.schema, features, label, weight=weight)  # the same columns, usable types
-    if validation_split is not None:
-        if isinstance(validation_split, bool) or not isinstance(validation_split, (int, float)) \
-                or not 0 < validation_split < 1:
-            raise InvalidArgumentError(f"validation_split must be a fraction between 0 and 1, got {validation_split!r}")
-        validation_split = float(validation_split)
-    return validation_data, validation_split, positive_int("validation_freq", validation_freq)
-
-
-COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one pack)",
-                      "timeout_seconds": "seconds, > 0", "compression": " or ".join(map(repr, COMPRESSIONS)),
-                      "implementation": "the strategy's 'auto', 'ring' or 'nccl'"}
-
-
-def communication(options):
-    """fit's ``communication``: the exchange's options (tfbarrier.exchange), each checked here; which ones
-    the chosen exchange takes, it checks itself. ``implementation`` may still be the ring's old spelling
-    ("tfbarrier"), which tfbarrier.exchange.requested turns into ``exchange=``."""
-    if options is None:
-        return None
-    if not isinstance(options, dict) or set(options) - set(COMMUNICATION_KEYS):
-        takes = "; ".join(f"{k}: {v}" for k, v in COMMUNICATION_KEYS.items())
-        raise InvalidArgumentError(f"communication must be a dict of the exchange's options ({takes}), got {options!r}")
-    options = dict(options)
-    if "bytes_per_pack" in options:
-        options["bytes_per_pack"] = non_negative_int("communication['bytes_per_pack']", options["bytes_per_pack"])
-    if "timeout_seconds" in options:
-        options["timeout_seconds"] = positive_seconds("communication['timeout_seconds']", options["timeout_seconds"])
-    if options.get("implementation", "auto") not in (*IMPLEMENTATIONS, OLD_RING_SPELLING):
-        raise InvalidArgumentError(f"communication['implementation'] must be {COMMUNICATION_KEYS['implementation']}, "
-                                   f"got {options['implementation']!r}")
-    if options.get("compression", "none") not in COMPRESSIONS:
-        raise InvalidArgumentError(f"communication['compression'] must be {COMMUNICATION_KEYS['compression']} "
-                                   f"(gradients all-reduced in float16), got {options['compression']!r}")
-    return options
 
 
 _SECONDS = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "minute": 60, "minutes": 60,
@@ -241,26 +180,3 @@ def save_arguments(save_to, save_best, save_mode, validates):
         raise InvalidArgumentError(f"save_best={save_best!r} is a validation metric: pass validation_data= or "
                                    "validation_split= as well, or monitor a training metric such as 'loss'")
     return save_to, save_best, best_mode(save_best, save_mode)
-
-
-def check_profile(profile, layout, num_workers, input_shape, what="the DataFrame"):
-    """Refuse data the workers could not train on (or, ``what``, validate on), naming the column and the fix."""
-    rows = profile["rows"]
-    if rows == 0:
-        raise InvalidArgumentError(f"{what} is empty: there is nothing to " +
-                                   ("train on" if what == "the DataFrame" else "validate on"))
-    if rows < num_workers:
-        raise InvalidArgumentError(
-            f"the DataFrame has {rows} row(s), fewer than num_workers={num_workers}: every worker needs rows "
-            f"of its own; use num_workers <= {rows}"
-        )
-    for i, name in enumerate(layout.columns):
-        nulls = profile[f"nulls_{i}"]
-        if nulls:
-            raise ColumnError(
-                f"column {name!r}{'' if what == 'the DataFrame' else ' of ' + what} has {nulls} null value(s): "
-                "drop or impute them first, e.g. "
-                f"df.dropna(subset={layout.columns!r})"
-            )
-    layout.check_sequences(profile)
-    layout.check_profile(profile, input_shape)

@@ -1,6 +1,7 @@
 """ARCHITECTURE.md stays true and the house stays easy to see: its tables list every room (sub-package) and
-every module of python/tfbarrier/, and nothing else; no function is over 50 code lines and no module over 400;
-no module reaches another module's private names; and no import circle anywhere, bench included."""
+every module of python/tfbarrier/, and nothing else; the rooms stack in floors (FLOORS), none importing one above
+it; no function is over 50 code lines and no module over 400; no module reaches another module's private names;
+and no import circle anywhere, bench included."""
 
 import ast
 import os
@@ -93,8 +94,9 @@ def _module_name(path):
     return os.path.basename(path)[:-3]
 
 
-def _imports(path, name):
-    """The modules ``path`` imports (at any depth: a function's import too), as dotted names."""
+def _imports(path, name, modules=()):
+    """The modules ``path`` imports (at any depth: a function's import too), as dotted names. ``from package
+    import module`` is an import of the module alone when it is one of ``modules``, not of the package too."""
     with open(path) as f:
         tree = ast.parse(f.read())
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
@@ -106,14 +108,59 @@ def _imports(path, name):
             base = node.module or ""
             if node.level:
                 base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names}
+            named = {f"{base}.{alias.name}" for alias in node.names}
+            found |= named if named <= set(modules) else named | {base}
     return found
+
+
+# The floors of python/tfbarrier, from the ground up: a room (a sub-package, or a module at the top) imports only
+# rooms of its own floor or below. What every floor needs sits on the ground; the faces (the public calls) on top.
+FLOORS = [
+    ("errors", "settings", "atomic", "progress", "tf_banners", "waiting_room", "ranking", "results", "faults",
+     "frames", "tls", "user_code", "checks", "keras_helpers", "r_closure"),
+    ("spark",),  # Spark's side: the cluster, the environments, the processes, the links, the barrier stage
+    ("exchange",),  # how gradients travel
+    ("data",),  # DataFrames to shards and back
+    ("models",),  # the model as it travels, and what it needs in memory
+    ("tracking",),  # MLflow
+    ("fitting",),  # fit: the job, its driver side, the training loops over each exchange
+    ("functions",),  # run and apply
+    ("generation", "inference"),  # predict
+    ("api",), ("tuning",), ("ml",), ("__init__",),
+]
+# The one import that runs up, and why: the package's version lives in its face, where Python keeps it.
+UPWARD_ALLOWED = {"tfbarrier.tracking.fit -> tfbarrier"}
+
+
+def _room(module):
+    """The room of a dotted tfbarrier module: its sub-package, or its own name at the top ("__init__": the face)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def upward_imports(sources):
+    """Imports of ``sources`` (python/tfbarrier's paths) that run from a room to one on a floor above it."""
+    modules = {_module_name(path): path for path in sources}
+    floor = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+    unplaced = sorted({_room(name) for name in modules} - set(floor))
+    assert unplaced == [], f"rooms on no floor: place them in FLOORS (test_architecture.py) and ARCHITECTURE.md"
+    return sorted(f"{name} -> {imported}" for name, path in modules.items()
+                  for imported in _imports(path, name, modules)
+                  if imported in modules and floor[_room(imported)] > floor[_room(name)])
+
+
+def test_the_rooms_stack_in_floors_and_no_import_runs_up():
+    package = [path for path in SOURCES if os.path.relpath(path, ROOT).startswith("python/")]
+    assert upward_imports(package) == sorted(UPWARD_ALLOWED), "an import runs up a floor: move the code it needs down"
+    text = _architecture()
+    rows = re.findall(r"^\| \d+ \| ([^|]+) \|", text[text.index("## Floors"):text.index("## Rooms")], re.M)
+    drawn = [re.findall(r"`(\w+)(?:/|\.py)?`", cell) for cell in rows]
+    assert drawn == [list(rooms) for rooms in reversed(FLOORS)], "ARCHITECTURE.md's Floors are not FLOORS, top first"
 
 
 def test_no_import_circle_anywhere_bench_included():
     modules = {_module_name(path): path for path in SOURCES}
-    graph = {name: {imported for imported in _imports(path, name) if imported in modules and imported != name}
+    graph = {name: {imported for imported in _imports(path, name, modules) if imported in modules and imported != name}
              for name, path in modules.items()}
     circles, state = [], {}
 

@@ -1,4 +1,4 @@
-"""What workers exchange besides gradients: the variables' initial values (communication.py)."""
+"""What workers exchange besides gradients: the variables' initial values (keras_helpers.py)."""
 
 import tfbarrier
 
@@ -13,14 +13,14 @@ def initial_values():
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier.exchange import strategy as communication
+    from tfbarrier import keras_helpers
     from tfbarrier.fitting import optimizers
 
     index = float(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     with strategy.scope():
         broadcast = tf.Variable(index)
-        with communication.initial_values_local(strategy):
+        with keras_helpers.initial_values_local(strategy):
             local = tf.Variable(index)
         after = tf.Variable(index)
         model = tf_keras.Sequential([tf_keras.Input((3,)), tf_keras.layers.Dense(2, kernel_initializer="ones")])

@@ -36,7 +36,7 @@ class Slice:
 @dataclasses.dataclass(frozen=True)
 class Source:
     """A data source the tasks read themselves (see DIRECT_SOURCES in api.py): what each worker reads
-    (``slices[i]`` for worker i) and the profile ``checks.check_profile`` takes, made from the footers."""
+    (``slices[i]`` for worker i) and the profile ``profiles.check_profile`` takes, made from the footers."""
 
     slices: list
     profile: dict

@@ -16,21 +16,50 @@ one line in EXCHANGES; ARCHITECTURE.md walks through an example.
 
 import warnings
 
+from tfbarrier import checks
 from tfbarrier.errors import InvalidArgumentError
 from tfbarrier.exchange.authenticated_ring import AuthenticatedRing
-from tfbarrier.exchange.base import Exchange
-from tfbarrier.exchange.strategy import StrategyExchange
+from tfbarrier.exchange.base import COMPRESSIONS, Exchange
+from tfbarrier.exchange.strategy import IMPLEMENTATIONS, StrategyExchange
 
 AUTO = "auto"
 EXCHANGES = {exchange.name: exchange for exchange in (AuthenticatedRing(), StrategyExchange())}  # the registrations
 # communication's implementation before exchange= said which exchange: the ring's old name, and the strategy's
 OLD_RING_SPELLING, STRATEGY_IMPLEMENTATIONS = "tfbarrier", ("ring", "nccl")
 
-__all__ = ["AUTO", "EXCHANGES", "Exchange", "GpuExchangeWarning", "choose", "named", "requested"]
+__all__ = ["AUTO", "EXCHANGES", "Exchange", "GpuExchangeWarning", "check_communication", "choose", "named", "requested"]
 
 
 class GpuExchangeWarning(UserWarning):
     """A GPU fit's gradients travel over tfbarrier's ring: each step copies them to the host and back."""
+
+
+COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one pack)",
+                      "timeout_seconds": "seconds, > 0", "compression": " or ".join(map(repr, COMPRESSIONS)),
+                      "implementation": "the strategy's 'auto', 'ring' or 'nccl'"}
+
+
+def check_communication(options):
+    """fit's ``communication``: the exchanges' options, each value checked here; which ones the chosen exchange
+    takes, it checks itself (``Exchange.check_options``). ``implementation`` may still be the ring's old spelling
+    ("tfbarrier"), which ``requested`` turns into ``exchange=``."""
+    if options is None:
+        return None
+    if not isinstance(options, dict) or set(options) - set(COMMUNICATION_KEYS):
+        takes = "; ".join(f"{k}: {v}" for k, v in COMMUNICATION_KEYS.items())
+        raise InvalidArgumentError(f"communication must be a dict of the exchange's options ({takes}), got {options!r}")
+    options = dict(options)
+    if "bytes_per_pack" in options:
+        options["bytes_per_pack"] = checks.non_negative_int("communication['bytes_per_pack']", options["bytes_per_pack"])
+    if "timeout_seconds" in options:
+        options["timeout_seconds"] = checks.positive_seconds("communication['timeout_seconds']", options["timeout_seconds"])
+    if options.get("implementation", "auto") not in (*IMPLEMENTATIONS, OLD_RING_SPELLING):
+        raise InvalidArgumentError(f"communication['implementation'] must be {COMMUNICATION_KEYS['implementation']}, "
+                                   f"got {options['implementation']!r}")
+    if options.get("compression", "none") not in COMPRESSIONS:
+        raise InvalidArgumentError(f"communication['compression'] must be {COMMUNICATION_KEYS['compression']} "
+                                   f"(gradients all-reduced in float16), got {options['compression']!r}")
+    return options
 
 
 def named(name):

@@ -8,7 +8,7 @@ from tfbarrier.exchange.base import Exchange
 
 class AuthenticatedRing(Exchange):
     name = "tfbarrier"
-    trainer = "tfbarrier.exchange.ring_training"
+    trainer = "tfbarrier.fitting.ring_training"
     # weights, gradients and the optimizer's temporaries (each pack is summed where it lies: no copy of it), from
     # the peaks of 2-worker fits over the ring (bench/memory_estimate_bench.py --baseline-ref: MLPs of 12 to 300 M
     # parameters, CNNs; SGD, momentum, Adam): 4.9 before packs were summed in place

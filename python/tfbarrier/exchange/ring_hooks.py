@@ -9,7 +9,6 @@ import tf_keras
 
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange.base import PACK_BYTES
-from tfbarrier.exchange.ring_checkpoints import average_moving_statistics
 
 EVERY_VARIABLE = "every variable"  # in ``exchanged``: an optimizer's update of all it holds went through the ring
 
@@ -158,6 +157,15 @@ class ExchangedOnly(tf_keras.callbacks.Callback):
                 "of them now differ. Update every trainable weight through model.optimizer (one optimizer; "
                 "keras.optimizers has none that takes two learning rates, but a LossScaleOptimizer or a schedule "
                 "wraps one), or make those weights non-trainable")
+
+
+def average_moving_statistics(ring, model):
+    """Every worker's non-trainable float weights that differ between workers (BatchNormalization's moving
+    mean and variance, which each worker updates from its own rows) replaced by their mean across ``ring``,
+    as the strategy reads them. Frozen weights (a fine-tune's backbone) are the same on every worker: only
+    their checksums cross the ring, and no float64 copy of them is made."""
+    floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    ring.sum_variables(ring.differing(floats), mean=True)
 
 
 class AverageState(tf_keras.callbacks.Callback):

@@ -1,5 +1,5 @@
 """The "strategy" exchange (``StrategyExchange``): MultiWorkerMirroredStrategy's collectives, with fit's
-``communication`` as the strategy takes it, and the variables' initial values. Its training process's side is
+``communication`` as the strategy takes it. Its training process's side is
 strategy_training.py.
 
 - ``bytes_per_pack``, ``timeout_seconds`` and ``implementation`` ("auto", "ring" or "nccl") are
@@ -16,16 +16,13 @@ strategy_training.py.
   and float16's range (beyond 65,504 a gradient becomes inf). The hook is the optimizer's own
   (tf_keras's ``aggregate_gradients``, a legacy optimizer's ``gradient_aggregator``), so a training
   step that aggregates its gradients itself is not compressed.
-- MultiWorkerMirroredStrategy gives every variable worker 0's initial value: one broadcast per variable,
-  the whole model through gRPC, whose receiving side holds about three copies of each message at once.
-  Where every worker makes the same values itself (a model object's weights, read from the same file
-  right after; an optimizer's slots, zeros), ``initial_values_local`` skips it.
+- MultiWorkerMirroredStrategy gives every variable worker 0's initial value, a broadcast that
+  keras_helpers.initial_values_local skips where every worker makes the same values itself.
 """
-
-import contextlib
 
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange.base import PACK_BYTES, Exchange
+from tfbarrier.keras_helpers import inner_optimizer
 
 IMPLEMENTATIONS = ("auto", "ring", "nccl")  # the strategy's collectives (CommunicationImplementation)
 
@@ -38,7 +35,7 @@ class StrategyExchange(Exchange):
     name = "strategy"
     tensorflow_server = True
     local_replicas = True
-    trainer = "tfbarrier.exchange.strategy_training"
+    trainer = "tfbarrier.fitting.strategy_training"
     options = ("implementation", "bytes_per_pack", "timeout_seconds", "compression")
     # weights, gradients and gRPC's copies of each all-reduce, and as many copies again of the first
     # SMALL_MODEL_BYTES (TensorFlow's allocator keeps them): the peaks of 2-worker fits under the strategy
@@ -59,11 +56,6 @@ def strategy_options(tf, communication):
     return tf.distribute.experimental.CommunicationOptions(
         implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
         **communication)
-
-
-def inner_optimizer(optimizer):
-    """The optimizer that updates the weights: ``optimizer``, or the one a LossScaleOptimizer wraps."""
-    return getattr(optimizer, "inner_optimizer", optimizer)
 
 
 def _aggregation_hook(optimizer):
@@ -127,35 +119,6 @@ def in_float16(aggregate):
 
     aggregate_in_float16.compression = "fp16"  # what in_effect reports
     return aggregate_in_float16
-
-
-@contextlib.contextmanager
-def initial_values_local(strategy):
-    """Variables made inside take the initial value each worker computes itself instead of worker 0's
-    broadcast: only for values that are the same on every worker. A no-op with no strategy or where
-    TensorFlow's MultiWorkerMirroredStrategy is not as this module knows it (then it broadcasts)."""
-    extended = getattr(strategy, "extended", None)
-    local = _local_initial_value(extended)
-    if local is None:
-        yield
-        return
-    extended._get_variable_creator_initial_value = local  # shadows the class's method on this instance only
-    try:
-        yield
-    finally:
-        del extended._get_variable_creator_initial_value
-
-
-def _local_initial_value(extended):
-    """MirroredStrategy's initial value (the worker's own), bound to ``extended``: what
-    MultiWorkerMirroredStrategy's extends with worker 0's broadcast; None if ``extended`` is not one."""
-    try:
-        from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
-    except ImportError:
-        return None
-    if not isinstance(extended, CollectiveAllReduceExtended) or "_get_variable_creator_initial_value" in vars(extended):
-        return None
-    return getattr(super(CollectiveAllReduceExtended, extended), "_get_variable_creator_initial_value", None)
 
 
 def in_pieces(aggregate, piece_bytes):

@@ -7,7 +7,7 @@ import time
 
 from tfbarrier import checks, settings, tracking
 from tfbarrier import exchange as exchanges
-from tfbarrier.data import parquet_source, text
+from tfbarrier.data import parquet_source, profiles, text
 from tfbarrier.data.layouts import layout as features_layout
 from tfbarrier.errors import ReplicasDivergedError
 from tfbarrier.fitting.job import VALIDATION_COLUMN, FitJob, validates
@@ -17,7 +17,7 @@ from tfbarrier.spark import cluster, gpus, preflight, stage
 
 PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
 # Data sources the tasks read themselves, tried in order: each plan(frame, partitions, layout, num_workers)
-# returns None, or a source with a ``profile`` (checks.check_profile's) and ``batches(index, columns)``.
+# returns None, or a source with a ``profile`` (profiles.check_profile's) and ``batches(index, columns)``.
 DIRECT_SOURCES = (parquet_source.plan,)
 
 
@@ -29,7 +29,7 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
     ``files`` (transfer.JobFiles). Everything is checked here, before any Spark job but the data's profile."""
     data = checks.spark_dataframe(data)
     num_workers = checks.positive_int("num_workers", num_workers)
-    requested, communication = exchanges.requested(exchange, checks.communication(communication))
+    requested, communication = exchanges.requested(exchange, exchanges.check_communication(communication))
     training = _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer,
                                 steps_per_execution, communication, stall_timeout, tensorboard_dir, class_weight)
     layout = features_layout(data.schema, features, label, weight=sample_weight)
@@ -109,7 +109,7 @@ def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle
             "seed": seed, "data_seed": random.randrange(2**31) if seed is None else seed,  # the same on every attempt
             "shuffle": bool(shuffle), "shuffle_buffer": checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True),
             "steps_per_execution": checks.steps_per_execution(steps_per_execution),
-            "communication": checks.communication(communication),
+            "communication": exchanges.check_communication(communication),
             "stall_timeout": checks.positive_seconds("stall_timeout", stall_timeout),
             "tensorboard_dir": checks.directory("tensorboard_dir", tensorboard_dir),
             "class_weight": checks.class_weights(class_weight)}
@@ -117,7 +117,7 @@ def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle
 def _validation_and_saving(validation_data, validation_split, validation_freq, features, label, sample_weight,
                            save_to, save_best, save_mode):
     """(validation_data checked, fit's validation and saving arguments checked, as FitJob fields)."""
-    validation_data, validation_split, validation_freq = checks.validation_arguments(
+    validation_data, validation_split, validation_freq = profiles.validation_arguments(
         validation_data, validation_split, validation_freq, features, label, sample_weight)
     save_to, save_best, save_mode = checks.save_arguments(
         save_to, save_best, save_mode, validates(validation_data is not None, validation_split))
@@ -144,8 +144,8 @@ def _training_frame(data, layout, num_workers, input_shape, validation_data=None
     frame = data.select(*layout.projection(data.sparkSession))
     partitions = cluster.num_partitions(frame)
     source = None if validation_data is not None else _direct_source(frame, partitions, layout, num_workers)
-    profile = source.profile if source else checks.profile(frame, layout)
-    checks.check_profile(profile, layout, num_workers, input_shape)
+    profile = source.profile if source else profiles.profile(frame, layout)
+    profiles.check_profile(profile, layout, num_workers, input_shape)
     if source:
         return data.sparkSession.range(0, num_workers, numPartitions=num_workers), source, profile
     keep = partitions == num_workers and profile["nonempty_partitions"] == num_workers
@@ -167,7 +167,7 @@ def _with_validation_rows(frame, keep, validation_data, layout, num_workers, inp
 
     held = validation_data.select(*layout.projection(validation_data.sparkSession))
     held = held.select(*[F.col(c).cast(frame.schema[c].dataType) for c in layout.columns])
-    checks.check_profile(checks.profile(held, layout), layout, 1, input_shape, what="validation_data")
+    profiles.check_profile(profiles.profile(held, layout), layout, 1, input_shape, what="validation_data")
     keys = cluster.partition_keys(frame.sparkSession, num_workers)
     placed = [cluster.with_partition_key(part, PARTITION_KEY, keys, kept).withColumn(VALIDATION_COLUMN, F.lit(flag))
               for part, kept, flag in ((frame, keep, False),

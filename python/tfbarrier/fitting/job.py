@@ -4,7 +4,7 @@
 The job is plain data, made on the driver. In the task: the partition (or the task's slices of a plain
 Parquet scan) is streamed to the shard file (and the validation rows to theirs), every worker must have
 rows, and the peers agree on the steps. The training process's side, where TensorFlow is, is the exchange's
-trainer (exchange/ring_training.py, exchange/strategy_training.py), on fitting/training.py's toolkit.
+trainer (fitting/ring_training.py, fitting/strategy_training.py), on fitting/training.py's toolkit.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """The training process's optimizer, made before the first step and holding no more than its slots.
 
 - ``build`` makes the slots now, each worker its own (zeros, or the weights' values for an EMA, alike on
-  every worker: communication.initial_values_local), instead of at the first step, where
+  every worker: keras_helpers.initial_values_local), instead of at the first step, where
   MultiWorkerMirroredStrategy would broadcast each from worker 0.
 - tf_keras's ``SGD`` makes a momentum slot for every weight even at ``momentum=0`` (its docstring says it
   does not): a copy of the weights that only ever holds ``-lr * gradient``. ``build`` leaves it out, and
@@ -19,7 +19,7 @@ Imported only in training processes, after TensorFlow.
 import tensorflow as tf
 import tf_keras
 
-from tfbarrier.exchange import strategy as communication
+from tfbarrier import keras_helpers
 
 FUSED_DTYPES = (tf.float32, tf.float64)
 
@@ -27,10 +27,10 @@ FUSED_DTYPES = (tf.float32, tf.float64)
 def build(model, strategy):
     """Make ``model``'s optimizer's slots now (tf_keras's optimizers; a legacy one makes its slots as it
     goes), without plain SGD's unused momentum."""
-    optimizer, variables = communication.inner_optimizer(model.optimizer), model.trainable_variables
+    optimizer, variables = keras_helpers.inner_optimizer(model.optimizer), model.trainable_variables
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         return
-    with communication.initial_values_local(strategy):
+    with keras_helpers.initial_values_local(strategy):
         if type(optimizer) is tf_keras.optimizers.SGD and not optimizer.momentum:
             super(tf_keras.optimizers.SGD, optimizer).build(variables)  # the iterations, an EMA's averages
             optimizer.momentums = [None] * len(variables)
@@ -41,7 +41,7 @@ def build(model, strategy):
 
 def fuse_updates(model):
     """Make ``model``'s optimizer apply its dense updates in TensorFlow's fused kernels (SGD and Adam)."""
-    optimizer = communication.inner_optimizer(model.optimizer)
+    optimizer = keras_helpers.inner_optimizer(model.optimizer)
     kernel = {tf_keras.optimizers.SGD: _sgd, tf_keras.optimizers.Adam: _adam}.get(type(optimizer))
     if kernel is None or optimizer.jit_compile:
         return

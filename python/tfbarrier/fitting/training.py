@@ -1,5 +1,5 @@
-"""The training process's toolkit for a fit, shared by every exchange's trainer (exchange/ring_training.py,
-exchange/strategy_training.py): tfbarrier's callbacks (the progress heartbeat, the epoch log, validation,
+"""The training process's toolkit for a fit, shared by every exchange's trainer (fitting/ring_training.py,
+fitting/strategy_training.py): tfbarrier's callbacks (the progress heartbeat, the epoch log, validation,
 saved models, checkpoints, TensorBoard) with the user's, the model's fit, the chief's trained model and
 history for the driver, and the process's memory.
 

@@ -38,8 +38,9 @@ import sys
 
 from tfbarrier import exchange as exchanges
 from tfbarrier.errors import ModelError
-from tfbarrier.exchange.strategy import inner_optimizer
+from tfbarrier.keras_helpers import inner_optimizer
 from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
+from tfbarrier.spark.training_process import onednn_on
 
 MIB = 2**20
 TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
@@ -75,18 +76,6 @@ def optimizer_slots(optimizer):
         return 1 + momentum + (1 if config.get("centered") else 0)
     known = {"Adagrad": 1, "Adamax": 2, "Adadelta": 2, "Ftrl": 2, "Lion": 1, "Lamb": 2, "Adafactor": 1}
     return known.get(name, DEFAULT_SLOTS)
-
-
-def onednn_on():
-    """Whether this process's TensorFlow runs oneDNN's kernels and their memory pool; None where TensorFlow is not
-    imported here (ModelSize.of then counts the pool without oneDNN, the larger estimate)."""
-    if "tensorflow" not in sys.modules:
-        return None
-    try:
-        from tensorflow.python.util import _pywrap_util_port
-    except ImportError:  # a TensorFlow without it: assume its default on x86, oneDNN on
-        return True
-    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def _bytes(variables):

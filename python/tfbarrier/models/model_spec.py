@@ -30,7 +30,7 @@ import cloudpickle
 import numpy as np
 
 from tfbarrier.errors import ModelError
-from tfbarrier.exchange import strategy as communication
+from tfbarrier.keras_helpers import initial_values_local
 from tfbarrier.models import keras_compat
 from tfbarrier.user_code import pickle_user_code
 
@@ -374,7 +374,7 @@ class ModelSpec:
                     "GPUs a worker), or build it with tf.keras (tf_keras)")
             return model  # a Keras 3 one trains natively over the ring (ring_training)
         local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
-        with communication.initial_values_local(strategy):  # every worker reads the same weights next
+        with initial_values_local(strategy):  # every worker reads the same weights next
             # Zeros, not the layers' initializers: read_weights overwrites every weight, and a random
             # initializer's temporaries (twice the weights) would stay in TensorFlow's allocator.
             model = self._model_from_config(zeros=True)

@@ -7,8 +7,8 @@ over tfbarrier's ring (ring_training.py) unless a translated fit asks for the st
 
 A native model travels as its ``.keras`` archive (config, compile config, weights, optimizer state)
 and the user's own objects the archive names (custom layers, a subclassed model's class, a loss
-function), cloudpickled: the training processes cannot import a script's classes. It trains in
-native_training.py; the chief's trained archive comes back and is loaded with the same objects.
+function), cloudpickled: the training processes cannot import a script's classes. It trains over
+tfbarrier's ring (fitting/ring_training.py); the chief's trained archive comes back and is loaded with the same objects.
 
 Nothing here imports TensorFlow or Keras at module import time.
 """

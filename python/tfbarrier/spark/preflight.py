@@ -35,7 +35,7 @@ def job_basics(spark, env, use_gpu, num_workers, allow_unencrypted, started, tf_
     plan, its TLS credentials (a job whose workers talk through TensorFlow's server is refused where traffic
     must be encrypted, unless allowed: every run and apply, and a fit whose exchange ``exchange_for(GPUs per
     worker)`` runs that server), the executors' Python and ``num_workers`` free slots. Returns (those fields,
-    the fit's exchange or None)."""
+    the fit's exchange or None, the GPUs each worker has)."""
     tf_threads = checks.positive_int("tf_threads", tf_threads, allow_none=True)
     env = python_env(spark, env)
     gpu_plan, gpus_per_worker = gpus.plan(spark, use_gpu, num_workers)

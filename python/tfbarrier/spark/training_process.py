@@ -3,7 +3,7 @@ barrier task through launcher.py.
 
 It imports TensorFlow (or a spare's keeper that did forks it: spares.py), then waits for its job,
 reserves a port and reports it, waits for TF_CONFIG from its task and runs the job's ``execute``
-(job.py, fit_job.py). Its ProcessReport goes to RESULT_FILE, an error to ERROR_FILE, in the task's
+(spark/job.py's seams: fitting/job.py, functions/jobs.py). Its ProcessReport goes to RESULT_FILE, an error to ERROR_FILE, in the task's
 work directory (protocol.py).
 """
 
@@ -17,7 +17,6 @@ import time
 import traceback
 
 from tfbarrier import faults, settings
-from tfbarrier.models import memory
 from tfbarrier.spark import protocol, rendezvous, workdirs
 from tfbarrier.spark.launcher import name_process
 
@@ -47,6 +46,18 @@ def import_tensorflow():
     return tf, None
 
 
+def onednn_on():
+    """Whether this process's TensorFlow runs oneDNN's kernels and their memory pool; None where TensorFlow is not
+    imported here (ModelSize.of then counts the pool without oneDNN, the larger estimate)."""
+    if "tensorflow" not in sys.modules:
+        return None
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:  # a TensorFlow without it: assume its default on x86, oneDNN on
+        return True
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def _configure_runtime(tf, threads):
     """Thread pools and the CPU allocator are fixed when TensorFlow's context starts, which importing
     it does not do: a spare imported it before the job said how many threads."""
@@ -55,7 +66,7 @@ def _configure_runtime(tf, threads):
     if threads:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(2, threads))
-    if not memory.onednn_on():
+    if not onednn_on():
         os.environ.setdefault(settings.CPU_POOL_ENV, "true")  # see settings
 
 

@@ -33,11 +33,11 @@ from tfbarrier import settings
 from tfbarrier.data import shards, text
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange.ring import Ring
-from tfbarrier.exchange.ring_checkpoints import RingCheckpoints, fit_plan
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
                                            exchange_gradients, sum_metrics)
 from tfbarrier.fitting import evaluation, optimizers, pacing, training
 from tfbarrier.fitting.checkpoints import resume_point, start_of
+from tfbarrier.fitting.ring_checkpoints import RingCheckpoints, fit_plan
 from tfbarrier.models import memory
 from tfbarrier.models.model_spec import keras_flavor, write_weights
 from tfbarrier.models.native_model import input_shape_of

@@ -22,6 +22,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfbarrier import atomic
+from tfbarrier.exchange.ring_hooks import average_moving_statistics
 from tfbarrier.fitting.checkpoints import MAX_KEPT, STATE_DIR, SaveSchedule, metric_variables, start_of
 
 
@@ -38,15 +39,6 @@ def fit_plan(resume, epochs, steps_per_epoch):
     if epoch < epochs or not plan:  # no epoch left: a fit of none still ends the checkpoints' state
         plan.append((epoch, max(epoch, epochs), steps_per_epoch, epoch * steps_per_epoch))
     return plan
-
-
-def average_moving_statistics(ring, model):
-    """Every worker's non-trainable float weights that differ between workers (BatchNormalization's moving
-    mean and variance, which each worker updates from its own rows) replaced by their mean across ``ring``,
-    as the strategy reads them. Frozen weights (a fine-tune's backbone) are the same on every worker: only
-    their checksums cross the ring, and no float64 copy of them is made."""
-    floats = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
-    ring.sum_variables(ring.differing(floats), mean=True)
 
 
 class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):

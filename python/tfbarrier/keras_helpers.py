@@ -1,0 +1,44 @@
+"""What every floor above needs to know of Keras and TensorFlow objects: the optimizer that updates the weights
+(past a LossScaleOptimizer), and variables that take the initial value each worker computes itself.
+
+MultiWorkerMirroredStrategy gives every variable worker 0's initial value: one broadcast per variable, the whole
+model through gRPC, whose receiving side holds about three copies of each message at once. Where every worker
+makes the same values itself (a model object's weights, read from the same file right after; an optimizer's
+slots, zeros), ``initial_values_local`` skips it.
+"""
+
+import contextlib
+
+
+def inner_optimizer(optimizer):
+    """The optimizer that updates the weights: ``optimizer``, or the one a LossScaleOptimizer wraps."""
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+@contextlib.contextmanager
+def initial_values_local(strategy):
+    """Variables made inside take the initial value each worker computes itself instead of worker 0's
+    broadcast: only for values that are the same on every worker. A no-op with no strategy or where
+    TensorFlow's MultiWorkerMirroredStrategy is not as this module knows it (then it broadcasts)."""
+    extended = getattr(strategy, "extended", None)
+    local = _local_initial_value(extended)
+    if local is None:
+        yield
+        return
+    extended._get_variable_creator_initial_value = local  # shadows the class's method on this instance only
+    try:
+        yield
+    finally:
+        del extended._get_variable_creator_initial_value
+
+
+def _local_initial_value(extended):
+    """MirroredStrategy's initial value (the worker's own), bound to ``extended``: what
+    MultiWorkerMirroredStrategy's extends with worker 0's broadcast; None if ``extended`` is not one."""
+    try:
+        from tensorflow.python.distribute.collective_all_reduce_strategy import CollectiveAllReduceExtended
+    except ImportError:
+        return None
+    if not isinstance(extended, CollectiveAllReduceExtended) or "_get_variable_creator_initial_value" in vars(extended):
+        return None
+    return getattr(super(CollectiveAllReduceExtended, extended), "_get_variable_creator_initial_value", None)
