@@ -122,7 +122,7 @@ def floor(df, units):
     zeros a row returned as predict returns scores, the model left out: what moving the rows costs."""
     from pyspark.sql import functions as F
 
-    from tfbarrier import inference
+    from tfbarrier.predicting import inference
     from tfbarrier.data.layouts import layout as features_layout
     from tfbarrier.data.stored_forms import stored_form
 

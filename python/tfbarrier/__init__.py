@@ -17,7 +17,7 @@ from tfbarrier import errors, tf_banners
 # the call (``tfbarrier.attach`` was both, and became the module once ``attached_session`` was used).
 _CALLS = {"FitResult": "api", "apply": "functions.calls", "fit": "api", "run": "functions.calls",
           "attach": "spark.attachment", "attached_session": "spark.attachment", "detach": "spark.attachment",
-          "PythonEnv": "spark.environment", "preset": "models.presets", "spark_frame": "frames", "predict": "inference", "predict_local": "inference",
+          "PythonEnv": "spark.environment", "preset": "models.presets", "spark_frame": "frames", "predict": "predicting.inference", "predict_local": "predicting.inference",
           "TuneResult": "tuning", "tune": "tuning"}
 
 

@@ -27,7 +27,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from tfbarrier.api import fit as tfbarrier_fit
 from tfbarrier.errors import InvalidArgumentError
-from tfbarrier.inference import predict as tfbarrier_predict
+from tfbarrier.predicting.inference import predict as tfbarrier_predict
 from tfbarrier.models.model_spec import keras_flavor, keras_module
 from tfbarrier.spark import cluster
 

@@ -125,7 +125,7 @@ FLOORS = [
     ("tracking",),  # MLflow
     ("fitting",),  # fit: the job, its driver side, the training loops over each exchange
     ("functions",),  # run and apply
-    ("generation", "inference"),  # predict
+    ("predicting",),  # predict
     ("api",), ("tuning",), ("ml",), ("__init__",),
 ]
 # The one import that runs up, and why: the package's version lives in its face, where Python keeps it.

@@ -19,7 +19,7 @@ def test_a_training_process_starts_on_light_modules_and_the_calls_load_on_first_
             "heavy = sorted(m for m in ('numpy', 'pyarrow', 'pandas', 'pyspark', 'tfbarrier.api') if m in sys.modules)\n"
             "import tfbarrier, tfbarrier.api\n"
             "from tfbarrier import predict\n"
-            "print(heavy, tfbarrier.fit is tfbarrier.api.fit, predict is sys.modules['tfbarrier.inference'].predict,\n"
+            "print(heavy, tfbarrier.fit is tfbarrier.api.fit, predict is sys.modules['tfbarrier.predicting.inference'].predict,\n"
             "      tfbarrier.frames.__name__, hasattr(tfbarrier, 'no_such_thing'), 'tune' in dir(tfbarrier))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[] True True tfbarrier.frames False True"

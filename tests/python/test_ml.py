@@ -12,7 +12,7 @@ from conftest import meet_in_pairs
 from spark_ml_pipeline import PIXELS, featurizer, mlp
 
 from tfbarrier.errors import InvalidArgumentError
-from tfbarrier.inference import predict_local
+from tfbarrier.predicting.inference import predict_local
 from tfbarrier.ml import KerasEstimator, KerasModel
 
 

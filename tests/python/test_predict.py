@@ -138,7 +138,7 @@ def test_wrong_array_length_fails_with_the_column_error(spark, model):
 
 
 def test_predict_local_matches_keras_and_distributed_outputs(model, rows):
-    from tfbarrier.inference import predict_local
+    from tfbarrier.predicting.inference import predict_local
 
     x = np.stack(rows["pixels"].to_numpy())[:50]
     logits, probabilities = local_outputs(model, rows.iloc[:50])
@@ -174,7 +174,7 @@ def test_predict_local_reads_a_dataframe_with_the_feature_layouts(model, rows):
 
 
 def _prune_in_rounds(barrier, directory, rounds, failures):
-    from tfbarrier.models.scoring_models import prune_models
+    from tfbarrier.predicting.scoring_models import prune_models
     try:
         for _ in range(rounds):
             barrier.wait()

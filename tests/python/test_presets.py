@@ -214,7 +214,7 @@ def test_the_adapters_score_on_the_executors_which_load_the_preset_themselves(sp
     """predict takes the fit (or its LoraAdapters) as it is: only the adapters travel to the executors, which load
     the preset and put them on it; the scores are the trained task's. (Before, predict refused LoraAdapters:
     "model must be a Keras model or a FitResult".)"""
-    from tfbarrier.models.scoring_models import scoring_model
+    from tfbarrier.predicting.scoring_models import scoring_model
 
     result, df, _ = unseeded
     adapters = result.model

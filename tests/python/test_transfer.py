@@ -244,7 +244,7 @@ def test_tasks_that_cannot_reach_the_driver_link_get_the_job_again_with_its_file
 def test_an_executors_copy_of_a_predict_model_is_used_only_while_it_is_the_file_its_digest_names(spark):
     from pyspark import SparkFiles
 
-    from tfbarrier.models import scoring_models
+    from tfbarrier.predicting import scoring_models
 
     weights = b"the model's weights" * 100
     name = f"{hashlib.sha256(weights).hexdigest()[:32]}-scoring.safetensors"

@@ -13,7 +13,7 @@ from pyspark.sql.types import ArrayType, DoubleType, LongType, StructField, Stru
 import tfbarrier
 from tfbarrier.data import features, layouts, parquet_source
 from tfbarrier.errors import ColumnError
-from tfbarrier.inference import predict_local
+from tfbarrier.predicting.inference import predict_local
 
 FIT = dict(label="digit", num_workers=2, epochs=2, batch_size=32, seed=3, verbose=0)
 

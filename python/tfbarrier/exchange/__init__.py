@@ -10,8 +10,8 @@ Two are registered (EXCHANGES):
   (its own options: ``communication={"implementation": "ring" | "nccl" | "auto"}``), which accepts any
   client and is never encrypted; the default for workers of several GPUs each on a trusted network.
 
-A new exchange is one module (its Exchange subclass, whose ``train`` runs the training process's side) and
-one line in EXCHANGES; ARCHITECTURE.md walks through an example.
+A variant of an exchange is a subclass and a line in EXCHANGES; a new way for gradients to travel adds its
+training loop in fitting/ (the ``trainer`` it names). ARCHITECTURE.md, "Where a new thing goes", counts the places.
 """
 
 import warnings

@@ -13,6 +13,9 @@ class AuthenticatedRing(Exchange):
     # the peaks of 2-worker fits over the ring (bench/memory_estimate_bench.py --baseline-ref: MLPs of 12 to 300 M
     # parameters, CNNs; SGD, momentum, Adam): 4.9 before packs were summed in place
     step_copies = 4.0
+    # the order its gradient packs leave in (ring_hooks.exchange_gradients): the last layers' first, which the backward
+    # pass makes first, so a pack travels while it goes on; bench/pack_order.py's exchange sends the first layers' first
+    last_layers_first = True
 
     def describe(self, communication):
         return {"implementation": "tfbarrier ring (authenticated)", "exchange": self.name, **communication}

@@ -290,7 +290,8 @@ def _model(job, workdir, ring, config, exchanged, widths):
     if drawn:  # the chief's values to every worker (the strategy gives every variable worker 0's initial value)
         ring.broadcast_variables(drawn)
     model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
-    sent = job.exchange.describe(exchange_gradients(model.optimizer, ring, flavor, job.communication, exchanged))
+    sent = job.exchange.describe(exchange_gradients(model.optimizer, ring, flavor, job.communication, exchanged,
+                                                     last_layers_first=job.exchange.last_layers_first))
     sum_metrics(model, ring, flavor.metrics_reader)
     baseline_mb, _ = training.resident_mb()
     if job.memory_check:

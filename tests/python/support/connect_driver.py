@@ -18,7 +18,7 @@ from test_run import big_value, hang, tutorial_train
 
 import tfbarrier
 from tfbarrier.errors import ClusterError, JobTimeoutError
-from tfbarrier.inference import predict_local
+from tfbarrier.predicting.inference import predict_local
 from tfbarrier.ml import KerasEstimator, KerasModel
 
 spark = SparkSession.builder.remote("local[2]").getOrCreate()

@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from tfbarrier import checks, generation
+from tfbarrier import checks
 from tfbarrier.data import text
 from tfbarrier.data.features import check_width
 from tfbarrier.data.layouts import layout as features_layout
@@ -21,7 +21,8 @@ from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
 from tfbarrier.models import native_model
 from tfbarrier.models.model_spec import keras_flavor, keras_module
 from tfbarrier.models.presets import LoraAdapters
-from tfbarrier.models.scoring_models import load, scoring_model
+from tfbarrier.predicting import generation
+from tfbarrier.predicting.scoring_models import load, scoring_model
 from tfbarrier.results import FitResult
 from tfbarrier.spark import cluster
 

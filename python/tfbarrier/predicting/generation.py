@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from tfbarrier import checks
 from tfbarrier.errors import ColumnError, InvalidArgumentError, ModelError
-from tfbarrier.models.scoring_models import load
+from tfbarrier.predicting.scoring_models import load
 
 
 @dataclasses.dataclass(frozen=True)
