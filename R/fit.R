@@ -58,7 +58,8 @@
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
 #'   epoch), `timings` (seconds per phase), `workers` (a data.frame, one row per worker, with its
 #'   training process's resident memory in MB once set up and at its peak: `baseline_mb`, `peak_mb`, and
-#'   the `steps_per_execution` and gradient `compression` it trained with, and how the model's files reached
+#'   the `steps_per_execution`, `exchange` (`"tfbarrier"` or `"strategy"`) and gradient `compression` it
+#'   trained with, and how the model's files reached
 #'   it: `files_via`, `"driver link"` (outside Spark) or `"spark"`, and `files_mb`) and
 #'   `attempts`, and `stopped_epoch` (the last epoch run, from 0, when a callback such as early stopping
 #'   ended the fit; `NULL` otherwise), and `saved` (with `save_to`: a data.frame of the saved models'

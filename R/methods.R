@@ -10,6 +10,7 @@ new_fit <- function(result, features) {
     row$baseline_mb <- w$memory$baseline_mb  # the training process's resident memory once set up...
     row$peak_mb <- w$memory$peak_mb  # ...and at its peak
     row$steps_per_execution <- w$steps_per_execution  # the steps per call it ended with
+    row$exchange <- w$communication$exchange  # how its gradients travelled: "tfbarrier" (the ring) or "strategy"
     row$compression <- if (is.null(w$communication$compression)) "none" else w$communication$compression
     row$files_via <- w$transfer$via  # how the model's files reached it: "driver link" (outside Spark) or "spark"
     row$files_mb <- w$transfer$fetched_bytes / 2^20
@@ -42,7 +43,8 @@ saved_models <- function(saved) {
 #' @export
 print.tfbarrier_fit <- function(x, ...) {
   last <- x$history[nrow(x$history), setdiff(names(x$history), "epoch"), drop = FALSE]
-  cat(sprintf("<tfbarrier fit: %d workers, %d epochs>\n", nrow(x$workers), nrow(x$history)))
+  cat(sprintf("<tfbarrier fit: %d workers, %d epochs, exchange %s>\n", nrow(x$workers), nrow(x$history),
+              x$workers$exchange[1]))
   cat("final:  ", paste(sprintf("%s %.4g", names(last), unlist(last)), collapse = ", "), "\n", sep = "")
   cat(sprintf("worker %d on %s: %d rows, %d steps\n", x$workers$index, x$workers$host, x$workers$rows,
               x$workers$steps), sep = "")
@@ -118,7 +120,7 @@ print.summary.tfbarrier_fit <- function(x, ...) {
   cat("final metrics: ", paste(sprintf("%s %.4g", names(x$final), x$final), collapse = ", "), "\n", sep = "")
   cat(sprintf("best epoch by %s: %d\n", x$monitor, x$best_epoch))
   cat("seconds: ", paste(sprintf("%s %.1f", names(x$timings), x$timings), collapse = ", "), "\n", sep = "")
-  print(x$workers[, c("index", "host", "rows", "steps", "peak_mb")], row.names = FALSE)
+  print(x$workers[, c("index", "host", "rows", "steps", "exchange", "peak_mb")], row.names = FALSE)
   invisible(x)
 }
 

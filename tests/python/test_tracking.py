@@ -149,9 +149,10 @@ def test_a_fit_logs_one_run_in_the_named_experiment_with_what_shaped_its_trainin
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert {k: params[k] for k in ("epochs", "batch_size", "num_workers", "validation_split", "features", "label",
-                                   "spark_master", "optimizer", "model_kind")} == {
+                                   "spark_master", "optimizer", "model_kind", "exchange")} == {
         "epochs": "2", "batch_size": "64", "num_workers": "2", "validation_split": "0.2", "features": '["pixels"]',
-        "label": "digit", "spark_master": "local[2]", "optimizer": "Adam", "model_kind": "keras3"}
+        "label": "digit", "spark_master": "local[2]", "optimizer": "Adam", "model_kind": "keras3",
+        "exchange": "tfbarrier"}
     assert params["model_parameters"] == str(result.model.count_params())
     assert float(params["optimizer_learning_rate"]) == pytest.approx(0.01)
     assert params["tfbarrier_version"] == tfbarrier.__version__ and params["tensorflow_version"].startswith("2.")

@@ -44,7 +44,8 @@ test_that("spark_tf_fit trains on an R data.frame to 90% held-out accuracy; plot
   drawn <- drawn_series(plot(fit))  # one series per panel: the metric's value at each epoch
   expect_equal(drawn, list(loss = list(data.frame(x = 1:4, y = fit$history$loss)),
                            accuracy = list(data.frame(x = 1:4, y = fit$history$accuracy))))
-  expect_output(print(fit), "<tfbarrier fit: 2 workers, 4 epochs>")
+  expect_output(print(fit), "<tfbarrier fit: 2 workers, 4 epochs, exchange tfbarrier>")
+  expect_equal(fit$workers$exchange, c("tfbarrier", "tfbarrier"))
   expect_output(print(fit), "worker 1 on .*: \\d+ rows")
 
   scored <- tf_collect(spark_tf_predict(data$held_out[1:20, ], fit, spark = test_spark()))  # runs the UDF

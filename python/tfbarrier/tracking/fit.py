@@ -30,7 +30,8 @@ def fit_params(job, **arguments):
             "features": dict(zip(layout.inputs, layout.features)) if layout.inputs else list(layout.features),
             "label": dict(zip(layout.outputs, layout.labels)) if layout.outputs else layout.label,
             "sample_weight": layout.weight,
-            "validation_data": job.has_validation_column, "model_kind": job.model.flavor, **arguments,
+            "validation_data": job.has_validation_column, "model_kind": job.model.flavor, "exchange": job.exchange.name,
+            **arguments,
             "tfbarrier_version": __version__,
             "tensorflow_version": installed_version("tensorflow", "tensorflow-cpu")}
 
