@@ -3,7 +3,7 @@ default) and under the system allocator (TF_ONEDNN_USE_SYSTEM_ALLOCATOR=1), side
 
 Two processes on 127.0.0.1 train the 61 M-parameter MLP of large_model_bench.py under
 MultiWorkerMirroredStrategy as a training process does (zero initializers, each worker's own, tfbarrier's optimizer and
-gradient pieces: optimizers.py, communication.py), 12 steps of 32 rows each, without Spark. Worker 0
+gradient pieces: fitting/optimizers.py, exchange/strategy.py), 12 steps of 32 rows each, without Spark. Worker 0
 reports its peak resident memory above its baseline (after TensorFlow and the strategy, before the
 model) and the seconds per step after the second. The table is the median (min-max) of the rounds.
 
@@ -39,11 +39,11 @@ def worker(index, ports, out):
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier.exchange import strategy as communication
+    from tfbarrier.exchange import strategy as strategy_exchange
     from tfbarrier import keras_helpers
     from tfbarrier.fitting import optimizers
 
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication.strategy_options(tf, None))
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=strategy_exchange.strategy_options(tf, None))
     baseline = peak_mb()
     with strategy.scope():
         with keras_helpers.initial_values_local(strategy):  # as ModelSpec.build: no broadcast of the weights
@@ -55,7 +55,7 @@ def worker(index, ports, out):
                           loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         optimizers.build(model, strategy)
         optimizers.fuse_updates(model)
-        communication.all_reduce_in_pieces(model, None)
+        strategy_exchange.all_reduce_in_pieces(model, None)
     rng = np.random.default_rng(0)
     x, y = rng.random((256, INPUT), dtype=np.float32), rng.integers(0, OUTPUTS, 256)
     ends = []

@@ -12,7 +12,7 @@ default on 2 cores), and worker 0's milliseconds per step for each part of a ste
   the first replica (``distribute_reduction_method="first"``) rather than summed across workers (tf_keras's
   default); that without the accuracy metric, which every step reads across workers (tf_keras's
   ``result_wrapper``); and tfbarrier's own training function (pacing.py: metrics read once per call) at
-  30 steps per call, as fit runs it, plain and with float16 gradients (communication.py). Timed from the
+  30 steps per call, as fit runs it, plain and with float16 gradients (exchange/strategy.py). Timed from the
   epoch's start to its end: ``fit`` returns seconds later, when its data iterator is deleted and waits
   for a tf.data background thread, which is not a step's cost;
 - one process alone, no strategy, the same compute at 64 rows.
@@ -148,7 +148,7 @@ def keras_fit(strategy, kind, x, y, steps_per_execution, reduction="auto", metri
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier.exchange import strategy as communication
+    from tfbarrier.exchange import strategy as strategy_exchange
     from tfbarrier.fitting import pacing
     from workloads import build_model
 
@@ -165,7 +165,7 @@ def keras_fit(strategy, kind, x, y, steps_per_execution, reduction="auto", metri
             net.compile(optimizer=net.optimizer, loss=net.loss, steps_per_execution=steps_per_execution)
     net.distribute_reduction_method = reduction
     if tfbarrier:  # what fit_job does: its own looping training function, and the gradients' compression
-        communication.compress_gradients(net, {"compression": compression})
+        strategy_exchange.compress_gradients(net, {"compression": compression})
         pacing.set_count(net, steps_per_execution)
     data = strategy.distribute_datasets_from_function(
         lambda _: tf.data.Dataset.from_tensors((x, y)).repeat())
