@@ -1,17 +1,17 @@
-"""``fit``'s face (its signature and documentation) over its room, fitting/ (front.py; its gradients' exchange
-tfbarrier.exchange). ``run`` and ``apply`` have theirs in functions/calls.py."""
+"""``fit``'s face: its signature and documentation, where each of its arguments is said; ``front.face`` binds a
+call's arguments to them and hands them to its room, fitting/ (front.py; its gradients' exchange
+tfbarrier.exchange). An argument that is a FitJob field is said once more there, with its check (fitting/job.py);
+tests/python/test_fit_arguments.py holds the two together. ``run`` and ``apply`` have their faces in
+functions/calls.py."""
 
-import time
-
-from tfbarrier import checks, tracking
 from tfbarrier.fitting import front
 from tfbarrier.results import FitResult
 from tfbarrier.settings import STALL_TIMEOUT
-from tfbarrier.spark import preflight, transfer
 
 __all__ = ["FitResult", "fit"]
 
 
+@front.face
 def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_workers=2, steps_per_epoch=None,
         seed=None, shuffle=True, shuffle_buffer=None, tf_threads=None, callbacks=None, checkpoint_dir=None,
         max_retries=0, timeout=None, stall_timeout=STALL_TIMEOUT, allow_unencrypted=False, use_gpu=False, verbose=1,
@@ -162,12 +162,3 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
     -------
     FitResult
     """
-    arguments, started = dict(locals()), time.time()  # fit's arguments, as front.prepare takes them by name
-    checks.no_unknown_arguments("fit", unknown, fit)
-    for name in ("unknown", "verbose", "max_retries", "timeout", "mlflow"):
-        del arguments[name]
-    tracked = tracking.resolve(mlflow)
-    staging = preflight.stage_arguments(verbose, max_retries, timeout)
-    with transfer.JobFiles() as files:
-        frame, job = front.prepare(files, started, **arguments)
-        return front.train(frame, job, model, files, checks.positive_int("num_workers", num_workers), staging, tracked)

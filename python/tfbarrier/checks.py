@@ -33,13 +33,31 @@ def positive_int(name, value, allow_none=False):
     return int(value)
 
 
-def steps_per_execution(value):
+def optional_positive_int(name, value):
+    return positive_int(name, value, allow_none=True)
+
+
+def optional_int(name, value):
+    """An integer (a whole float, as R's numbers come, too) or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or int(value) != value:
+        raise InvalidArgumentError(f"{name} must be an integer or None, got {value!r}")
+    return int(value)
+
+
+def flag(name, value):
+    """A switch: True or False (R's logical arrives as a bool, 0/1 as numbers)."""
+    return bool(value)
+
+
+def steps_per_execution(name, value):
     """fit's steps_per_execution: "auto", None (as the model was compiled) or a positive integer."""
     if value is None or value == "auto":
         return value
     if isinstance(value, str):
-        raise InvalidArgumentError(f'steps_per_execution must be "auto", None or a positive integer, got {value!r}')
-    return positive_int("steps_per_execution", value)
+        raise InvalidArgumentError(f'{name} must be "auto", None or a positive integer, got {value!r}')
+    return positive_int(name, value)
 
 
 def non_negative_int(name, value):
@@ -120,7 +138,7 @@ def spark_dataframe(data, name="data"):
     return data
 
 
-def class_weights(class_weight):
+def class_weights(name, class_weight):
     """``class_weight`` as {class id: weight}; R's names arrive as strings ("0")."""
     if class_weight is None:
         return None
@@ -131,7 +149,7 @@ def class_weights(class_weight):
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise InvalidArgumentError(f"class_weight must map class ids (integers >= 0) to weights >= 0, e.g. "
+        raise InvalidArgumentError(f"{name} must map class ids (integers >= 0) to weights >= 0, e.g. "
                                    f"{{0: 1.0, 1: 5.0}}; got {class_weight!r}")
     return weights
 

@@ -1,7 +1,10 @@
-"""The fit kind's driver side: fit's arguments checked and made into its job and the DataFrame of its barrier
-stage (``prepare``: no Spark job but the data's profile), then the stage run and its FitResult made
-(``train``). tfbarrier.fit (api.py) is the face."""
+"""The fit kind's driver side: fit's arguments (bound to api.fit's signature by ``face``) checked and made into
+its job and the DataFrame of its barrier stage (``prepare``: no Spark job but the data's profile), then the stage
+run and its FitResult made (``train``)."""
 
+import dataclasses
+import functools
+import inspect
 import random
 import time
 
@@ -13,7 +16,7 @@ from tfbarrier.errors import ReplicasDivergedError
 from tfbarrier.fitting.job import VALIDATION_COLUMN, FitJob, validates
 from tfbarrier.models import memory, native_model, presets
 from tfbarrier.results import FitResult
-from tfbarrier.spark import cluster, gpus, preflight, stage
+from tfbarrier.spark import cluster, gpus, preflight, stage, transfer
 
 PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that sends each row to its worker
 # Data sources the tasks read themselves, tried in order: each plan(frame, partitions, layout, num_workers)
@@ -21,21 +24,50 @@ PARTITION_KEY = "__tfbarrier_partition"  # with validation_data: the key that se
 DIRECT_SOURCES = (parquet_source.plan,)
 
 
-def prepare(files, started, *, data, model, features, label, epochs, batch_size, num_workers, steps_per_epoch, seed,
-            shuffle, shuffle_buffer, tf_threads, callbacks, checkpoint_dir, stall_timeout, allow_unencrypted, use_gpu,
-            tensorboard_dir, env, validation_data, validation_split, validation_freq, sample_weight, class_weight,
-            save_to, save_best, save_mode, steps_per_execution, exchange, communication, checkpoint_every):
-    """(the DataFrame of the fit's barrier stage, its FitJob), from fit's arguments, its files going to
-    ``files`` (transfer.JobFiles). Everything is checked here, before any Spark job but the data's profile."""
-    data = checks.spark_dataframe(data)
-    num_workers = checks.positive_int("num_workers", num_workers)
-    requested, communication = exchanges.requested(exchange, exchanges.check_communication(communication))
-    training = _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer,
-                                steps_per_execution, communication, stall_timeout, tensorboard_dir, class_weight)
-    layout = features_layout(data.schema, features, label, weight=sample_weight)
+def face(signature):
+    """fit itself, from ``signature`` (api.fit: its parameters and their documentation, said once there; its body
+    never runs): each call's arguments bound to those parameters, defaults filled in, and handed to ``call``."""
+    parameters = inspect.signature(signature)
+
+    @functools.wraps(signature)
+    def fit(*args, **kwargs):
+        bound = parameters.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return call(dict(bound.arguments), signature)
+
+    return fit
+
+
+def call(arguments, signature):
+    """One fit: ``arguments`` as api.fit's ``signature`` names them, checked, its stage run: the FitResult."""
+    started = time.time()
+    checks.no_unknown_arguments("fit", arguments.pop("unknown"), signature)
+    tracked = tracking.resolve(arguments.pop("mlflow"))
+    staging = preflight.stage_arguments(arguments.pop("verbose"), arguments.pop("max_retries"), arguments.pop("timeout"))
+    with transfer.JobFiles() as files:
+        frame, job = prepare(files, started, arguments)
+        num_workers = checks.positive_int("num_workers", arguments["num_workers"])
+        return train(frame, job, arguments["model"], files, num_workers, staging, tracked)
+
+
+def prepare(files, started, arguments):
+    """(the DataFrame of the fit's barrier stage, its FitJob), from fit's ``arguments`` (by name), its files going
+    to ``files`` (transfer.JobFiles). Everything is checked here, before any Spark job but the data's profile: each
+    argument that is a FitJob field as its field says (fitting/job.argument), the others below."""
+    a = arguments
+    data = checks.spark_dataframe(a["data"])
+    model, num_workers = a["model"], checks.positive_int("num_workers", a["num_workers"])
+    requested, communication = exchanges.requested(a["exchange"], exchanges.check_communication(a["communication"]))
+    fields = {field.name: field.metadata["check"](field.name, a[field.name])
+              for field in dataclasses.fields(FitJob) if field.metadata.get("check")}
+    fields.update(communication=communication,  # the same on every attempt:
+                  data_seed=random.randrange(2**31) if fields["seed"] is None else fields["seed"])
+    layout = features_layout(data.schema, a["features"], a["label"], weight=a["sample_weight"])
     validation_data, held_out_and_saved = _validation_and_saving(
-        validation_data, validation_split, validation_freq, features, label, sample_weight, save_to, save_best, save_mode)
+        a["validation_data"], a["validation_split"], a["validation_freq"], a["features"], a["label"],
+        a["sample_weight"], a["save_to"], a["save_best"], a["save_mode"])
     spark = data.sparkSession
+    class_weight = fields["class_weight"]
     if layout.takes_text:
         if presets.is_preset(model):  # its preprocessor is loaded with it, where it trains
             presets.check_reads_text(model, layout.features[0])
@@ -49,26 +81,26 @@ def prepare(files, started, *, data, model, features, label, epochs, batch_size,
     if native:
         native_model.check_options(**{"class_weight with a label per output": (
             class_weight if layout.outputs else None, "give a sample_weight column instead")})
-    encrypted = preflight.encryption_required(spark) and not allow_unencrypted
+    encrypted = preflight.encryption_required(spark) and not a["allow_unencrypted"]
 
     def exchange_for(gpus_per_worker):  # chosen once, when the GPUs per worker are known
         return exchanges.choose(requested, communication, native=native, encrypted=encrypted,
                                 gpus_per_worker=gpus_per_worker)
 
-    callbacks = checks.callbacks_function(callbacks)
-    checkpoint_dir = checks.directory("checkpoint_dir", checkpoint_dir)
-    checkpoint_every = checks.checkpoint_every(checkpoint_every, checkpoint_dir)
-    basics, chosen, gpus_per_worker = preflight.job_basics(spark, env, use_gpu, num_workers, allow_unencrypted,
-                                                           started, tf_threads, exchange_for)
-    gpus.check_batch(training["batch_size"], num_workers, gpus_per_worker)
-    rows = training["batch_size"] // num_workers
+    callbacks = checks.callbacks_function(a["callbacks"])
+    checkpoint_dir = checks.directory("checkpoint_dir", a["checkpoint_dir"])
+    checkpoint_every = checks.checkpoint_every(a["checkpoint_every"], checkpoint_dir)
+    basics, chosen, gpus_per_worker = preflight.job_basics(spark, a["env"], a["use_gpu"], num_workers,
+                                                           a["allow_unencrypted"], started, a["tf_threads"], exchange_for)
+    gpus.check_batch(fields["batch_size"], num_workers, gpus_per_worker)
+    rows = fields["batch_size"] // num_workers
     memory.check_on_driver(spark, spec.size, rows, num_workers, chosen)  # as far as the model alone tells
     frame, source, profile = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
     _check_memory_of_sequences(spark, spec, model, layout.widths(profile), rows, num_workers, chosen)
     job = FitJob(model=spec, layout=layout, source=source,
                  callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
                  checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), exchange=chosen,
-                 **training, **held_out_and_saved, **basics)
+                 **{**fields, **held_out_and_saved, **basics})
     return frame, job
 
 
@@ -99,20 +131,6 @@ def train(frame, job, model, files, num_workers, staging, tracked):
     result.mlflow_run_id = run.run_id
     return result
 
-
-def _training_fields(epochs, batch_size, steps_per_epoch, seed, shuffle, shuffle_buffer, steps_per_execution,
-                     communication, stall_timeout, tensorboard_dir, class_weight):
-    """fit's plain training arguments, checked, as FitJob fields."""
-    seed = None if seed is None else int(seed)
-    return {"epochs": checks.positive_int("epochs", epochs), "batch_size": checks.positive_int("batch_size", batch_size),
-            "steps_per_epoch": checks.positive_int("steps_per_epoch", steps_per_epoch, allow_none=True),
-            "seed": seed, "data_seed": random.randrange(2**31) if seed is None else seed,  # the same on every attempt
-            "shuffle": bool(shuffle), "shuffle_buffer": checks.positive_int("shuffle_buffer", shuffle_buffer, allow_none=True),
-            "steps_per_execution": checks.steps_per_execution(steps_per_execution),
-            "communication": exchanges.check_communication(communication),
-            "stall_timeout": checks.positive_seconds("stall_timeout", stall_timeout),
-            "tensorboard_dir": checks.directory("tensorboard_dir", tensorboard_dir),
-            "class_weight": checks.class_weights(class_weight)}
 
 def _validation_and_saving(validation_data, validation_split, validation_freq, features, label, sample_weight,
                            save_to, save_best, save_mode):

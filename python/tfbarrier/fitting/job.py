@@ -13,6 +13,7 @@ import os
 import numpy as np
 import pyarrow as pa
 
+from tfbarrier import checks, settings
 from tfbarrier.data import shards
 from tfbarrier.errors import InvalidArgumentError
 from tfbarrier.spark import protocol, rendezvous
@@ -26,34 +27,51 @@ def validates(has_validation_data, validation_split):
     return bool(has_validation_data or validation_split)
 
 
+def argument(default, check=None, tracked=True):
+    """A FitJob field that is fit's argument of the same name, said once here: ``check(name, value)`` is what
+    fit's driver makes of the argument (front.prepare takes every field that has one, in words where it is
+    wrong), ``tracked`` whether MLflow records it (tracking/fit.py). Without ``check``, prepare makes the field
+    itself (from arguments that depend on each other)."""
+    return dataclasses.field(default=default, metadata={"check": check, "tracked": tracked})
+
+
 @dataclasses.dataclass
 class FitJob(Job):
     """``fit``: what to train (the model, which columns), how (epochs, batch, shuffling, callbacks)
-    and where its state goes (checkpoints, saved models, TensorBoard)."""
+    and where its state goes (checkpoints, saved models, TensorBoard). A field made with ``argument`` is one of
+    fit's arguments; a new one is that field, its line in api.fit's signature and documentation (a test holds the
+    two together), and what it does."""
 
     model: object = None  # ModelSpec
     layout: object = None  # features.Features
     source: object = None  # a source the tasks read themselves (parquet_source.Source); None: their partitions
-    epochs: int = 1
-    batch_size: int = 32  # global batch size, split evenly across workers
-    steps_per_epoch: int = None  # None: one pass over all rows per epoch
-    seed: int = None
-    data_seed: int = None  # shuffles each shard, the same on every attempt (fit draws one when seed is None)
-    shuffle: bool = True
-    shuffle_buffer: int = None  # rows; None: shards.SHUFFLE_BUFFER_ROWS, at most SHUFFLE_BUFFER_BYTES of them
+    # Job's, and fit's arguments: every kind has a watchdog and threads
+    stall_timeout: float = argument(settings.STALL_TIMEOUT, checks.positive_seconds, tracked=False)
+    tf_threads: int = argument(None)  # made by spark/preflight.job_basics
+    epochs: int = argument(1, checks.positive_int)
+    batch_size: int = argument(32, checks.positive_int)  # global batch size, split evenly across workers
+    steps_per_epoch: int = argument(None, checks.optional_positive_int)  # None: one pass over all rows per epoch
+    seed: int = argument(None, checks.optional_int)
+    # shuffles each shard, the same on every attempt (fit draws one when seed is None); recorded, not an argument
+    data_seed: int = dataclasses.field(default=None, metadata={"tracked": True})
+    shuffle: bool = argument(True, checks.flag)
+    # rows; None: shards.SHUFFLE_BUFFER_ROWS, at most SHUFFLE_BUFFER_BYTES of them
+    shuffle_buffer: int = argument(None, checks.optional_positive_int)
     callbacks: object = None  # transfer.Payload: the cloudpickled function returning a list of tf.keras callbacks
-    checkpoint_dir: str = None  # the training state (checkpoints.py) and the epoch log, shared by every worker
-    checkpoint_every: tuple = None  # ("steps", n) or ("seconds", s): save within epochs too (checkpoints.py)
-    tensorboard_dir: str = None  # the chief's TensorBoard logs
+    checkpoint_dir: str = argument(None)  # the training state (checkpoints.py) and the epoch log, shared by every worker
+    checkpoint_every: tuple = argument(None)  # ("steps", n) or ("seconds", s): save within epochs too (checkpoints.py)
+    tensorboard_dir: str = argument(None, checks.directory, tracked=False)  # the chief's TensorBoard logs
     has_validation_column: bool = False  # the partitions carry VALIDATION_COLUMN: validation_data's rows
-    validation_split: float = None  # the fraction of each partition held out for validation
-    validation_freq: int = 1  # validate after every this many epochs
-    class_weight: dict = None  # {class id: weight} for training
-    save_to: str = None  # the chief saves the model there after each epoch (saving.py)
-    save_best: str = None  # ... only when this metric improves
-    save_mode: str = "min"  # ... "min" or "max"
-    steps_per_execution: object = "auto"  # steps per call into TensorFlow: "auto", n, or None (as compiled)
-    communication: dict = None  # the exchange's options: packs, compression, timeout (the strategy's implementation)
+    validation_split: float = argument(None)  # the fraction of each partition held out for validation
+    validation_freq: int = argument(1)  # validate after every this many epochs
+    class_weight: dict = argument(None, checks.class_weights)  # {class id: weight} for training
+    save_to: str = argument(None, tracked=False)  # the chief saves the model there after each epoch (saving.py)
+    save_best: str = argument(None)  # ... only when this metric improves
+    save_mode: str = argument("min", tracked=False)  # ... "min" or "max"
+    # steps per call into TensorFlow: "auto", n, or None (as compiled)
+    steps_per_execution: object = argument("auto", checks.steps_per_execution)
+    # the exchange's options: packs, compression, timeout (the strategy's implementation)
+    communication: dict = argument(None)
     memory_check: bool = True  # refuse to train when the host cannot hold what the model needs (memory.py)
     exchange: object = None  # how gradients travel (tfbarrier.exchange.Exchange), chosen once on the driver
 

@@ -3,6 +3,7 @@ progress reaches the driver (logged by a thread of its own), and at the end the 
 live, the timings, workers and attempts, the trained model and the curves' figure.
 """
 
+import dataclasses
 import json
 import queue
 import threading
@@ -15,18 +16,15 @@ from tfbarrier.tracking.runs import (TAG_LIMIT, end_run, end_status, error_summa
 
 _PYPLOT = threading.Lock()  # pyplot's figures are global state; tune's trials end in threads of their own
 
-FIT_PARAMS = ("epochs", "batch_size", "steps_per_epoch", "seed", "data_seed", "shuffle", "shuffle_buffer",
-              "tf_threads", "steps_per_execution", "communication", "validation_split", "validation_freq",
-              "class_weight", "checkpoint_dir", "checkpoint_every", "save_best")  # a FitJob's fields
-
 
 def fit_params(job, **arguments):
-    """The parameters of a fit's run: the arguments that shaped its training, from ``job`` (a FitJob)
-    and ``arguments`` (fit's own: num_workers...), and what it ran with."""
+    """The parameters of a fit's run: the arguments that shaped its training, from ``job`` (a FitJob: its fields
+    marked tracked) and ``arguments`` (fit's own: num_workers...), and what it ran with."""
     from tfbarrier import __version__
 
     layout = job.layout
-    return {**{name: getattr(job, name) for name in FIT_PARAMS},
+    recorded = [field.name for field in dataclasses.fields(job) if field.metadata.get("tracked")]  # fitting/job.py
+    return {**{name: getattr(job, name) for name in recorded},
             "features": dict(zip(layout.inputs, layout.features)) if layout.inputs else list(layout.features),
             "label": dict(zip(layout.outputs, layout.labels)) if layout.outputs else layout.label,
             "sample_weight": layout.weight,
