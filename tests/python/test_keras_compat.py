@@ -64,10 +64,10 @@ def test_built_in_optimizers_keep_their_settings(optimizer):
 def test_weights_written_and_read_in_slices_of_a_few_rows_come_back_equal(flavor, tmp_path, monkeypatch):
     import importlib
 
-    from tfbarrier.models import model_spec
+    from tfbarrier.models import weights_file
 
     keras = importlib.import_module(flavor)
-    monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 4)  # the 10 x 7 kernel goes in 3, 3, 3 and 1 rows
+    monkeypatch.setattr(weights_file, "WEIGHTS_CHUNK", 3 * 7 * 4)  # the 10 x 7 kernel goes in 3, 3, 3 and 1 rows
 
     def make(initializer):
         return keras.Sequential([keras.Input((10,)), keras.layers.Dense(7, kernel_initializer=initializer,
@@ -76,8 +76,8 @@ def test_weights_written_and_read_in_slices_of_a_few_rows_come_back_equal(flavor
     written, read = make("glorot_uniform"), make("zeros")
     written.layers[0].bias.assign(np.arange(7, dtype="float32"))
     path = str(tmp_path / "w.safetensors")
-    model_spec.write_weights(written.weights, path)
-    model_spec.read_weights(path, read.weights, lambda variable: [model_spec.tf_variable(variable)])
+    weights_file.write_weights(written.weights, path)
+    weights_file.read_weights(path, read.weights, lambda variable: [weights_file.tf_variable(variable)])
     for mine, theirs in zip(read.weights, written.weights, strict=True):
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
 
@@ -86,9 +86,9 @@ def test_bfloat16_weights_are_written_and_read_back_equal(tmp_path, monkeypatch)
     """KerasHub's presets load in bfloat16, which NumPy knows only through ml_dtypes (no buffer format)."""
     import keras
 
-    from tfbarrier.models import model_spec
+    from tfbarrier.models import weights_file
 
-    monkeypatch.setattr(model_spec, "WEIGHTS_CHUNK", 3 * 7 * 2)  # the kernel in slices of 3 rows too
+    monkeypatch.setattr(weights_file, "WEIGHTS_CHUNK", 3 * 7 * 2)  # the kernel in slices of 3 rows too
 
     def make(initializer):
         return keras.Sequential([keras.Input((10,)), keras.layers.Dense(7, kernel_initializer=initializer,
@@ -96,9 +96,9 @@ def test_bfloat16_weights_are_written_and_read_back_equal(tmp_path, monkeypatch)
 
     written, read = make("glorot_uniform"), make("zeros")
     path = str(tmp_path / "w.safetensors")
-    digest = model_spec.write_weights(written.weights, path)
-    model_spec.read_weights(path, read.weights, lambda variable: [model_spec.tf_variable(variable)])
-    assert model_spec.write_weights(read.weights) == digest
+    digest = weights_file.write_weights(written.weights, path)
+    weights_file.read_weights(path, read.weights, lambda variable: [weights_file.tf_variable(variable)])
+    assert weights_file.write_weights(read.weights) == digest
     for mine, theirs in zip(read.weights, written.weights, strict=True):
         assert mine.dtype == "bfloat16"
         np.testing.assert_array_equal(np.asarray(mine, "float32"), np.asarray(theirs, "float32"))

@@ -39,7 +39,8 @@ from tfbarrier.fitting import evaluation, optimizers, pacing, training
 from tfbarrier.fitting.checkpoints import resume_point, start_of
 from tfbarrier.fitting.ring_checkpoints import RingCheckpoints, fit_plan
 from tfbarrier.models import memory
-from tfbarrier.models.model_spec import keras_flavor, write_weights
+from tfbarrier.models.model_spec import keras_flavor
+from tfbarrier.models.weights_file import write_weights
 from tfbarrier.models.native_model import input_shape_of
 from tfbarrier.results import FitOutput, ProcessReport
 

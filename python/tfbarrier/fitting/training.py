@@ -22,7 +22,7 @@ from tfbarrier.data import shards
 from tfbarrier.errors import ColumnError
 from tfbarrier.fitting import evaluation, pacing, saving
 from tfbarrier.fitting.checkpoints import Checkpoints
-from tfbarrier.models.model_spec import write_weights
+from tfbarrier.models.weights_file import write_weights
 from tfbarrier.spark import protocol
 
 TRAINED_WEIGHTS_FILE = "trained.safetensors"  # the chief's trained weights (a model object's)

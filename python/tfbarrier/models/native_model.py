@@ -22,7 +22,8 @@ import cloudpickle
 
 from tfbarrier import atomic
 from tfbarrier.errors import InvalidArgumentError, ModelError
-from tfbarrier.models.model_spec import ModelSpec, keras_flavor, read_weights, save_archive
+from tfbarrier.models.model_spec import ModelSpec, keras_flavor, save_archive
+from tfbarrier.models.weights_file import read_weights
 from tfbarrier.user_code import pickle_user_code
 
 ARCHIVE_FILE = "model.keras"  # the model as the driver sends it

@@ -27,8 +27,8 @@ import cloudpickle
 from tfbarrier import atomic
 from tfbarrier.errors import ClusterError
 from tfbarrier.models import native_model, presets
-from tfbarrier.models.model_spec import (archive_digest, keras_flavor, keras_module, read_weights, save_archive,
-                                         tf_variable, write_weights)
+from tfbarrier.models.model_spec import archive_digest, keras_flavor, keras_module, save_archive
+from tfbarrier.models.weights_file import read_weights, tf_variable, write_weights
 from tfbarrier.settings import MODEL_LOAD_LOG_ENV
 from tfbarrier.spark import cluster, driver_link, preflight, transfer
 from tfbarrier.spark.attachment import is_attached
