@@ -4,7 +4,8 @@ refuses what no layout takes, naming the column and the fix. A label is a number
 numbers (a sequence label: a causal LM's next tokens, a tagger's classes), whose positions an array of
 sample weights may weigh; or none, for a text column whose model's preprocessor makes the labels (a causal LM's)."""
 
-from tfbarrier.data.features import ArrayColumn, ImageColumn, NamedInputs, NumericColumns, VectorColumn
+from tfbarrier.data.features import ArrayColumn, ImageColumn, NumericColumns, VectorColumn
+from tfbarrier.data.named_inputs import NamedInputs
 from tfbarrier.data.text import TextColumn
 from tfbarrier.errors import ColumnError, InvalidArgumentError
 
