@@ -69,12 +69,8 @@ def train(job, config, channel):
             checkpoints=functools.partial(RingCheckpoints, ring=ring), resumes_in_fit=flavor.keras is tf_keras)
         shard = _preprocessed(job, model, shard, saver)
         validation = training.validation_dataset(job, None, config, input_shape, shard, context)
-        if validation is not None:  # first: every later callback sees val_*
-            callbacks.insert(0, flavor.validation(*validation, ring, every=job.validation_freq))
-        # first: a call's logs global, the moving statistics (BatchNormalization's) averaged before validation;
-        # last: a stop agreed
-        callbacks = [GlobalBatchLogs(ring), ExchangedOnly(ring, exchanged), AverageState(ring), *callbacks,
-                     StopTogether(ring, callbacks)]
+        callbacks = _with_the_rings(callbacks, ring, exchanged, validation and flavor.validation(
+            *validation, ring, every=job.validation_freq))
         started = time.time()
         try:
             _fits(job, model, flavor, shard, (input_shape, context, index, ring), resume, steps_per_epoch, callbacks,
@@ -99,6 +95,15 @@ def train(job, config, channel):
         training.chiefs_output(output, job, epoch_log, saver)
     return ProcessReport(timings=timings, python_prefix=sys.prefix, finished_at=finished_at, output=output,
                          files=files)
+
+
+def _with_the_rings(callbacks, ring, exchanged, validation):
+    """The fit's ``callbacks`` among the ring's: first, a call's logs made global and the moving statistics
+    (BatchNormalization's) averaged before ``validation`` (a callback, or None), which every later callback
+    sees the val_* of; last, a stop agreed."""
+    callbacks = [validation, *callbacks] if validation is not None else callbacks
+    return [GlobalBatchLogs(ring), ExchangedOnly(ring, exchanged), AverageState(ring), *callbacks,
+            StopTogether(ring, callbacks)]
 
 
 class Keras3:
