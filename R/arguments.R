@@ -11,6 +11,23 @@ as_column_names <- function(names) {
   if (length(names) == 1) names else as.list(names)
 }
 
+# The core's fit() and tune() arguments that R must convert, each by its one conversion; the others go as they
+# are (NULL as None), for the core to check in its own words.
+CORE_CONVERSIONS <- c(
+  list(features = as_column_names, label = as_column_names),
+  sapply(c("epochs", "batch_size", "num_workers", "validation_freq", "steps_per_epoch", "seed", "shuffle_buffer",
+           "tf_threads", "max_retries", "verbose", "checkpoint_every", "steps_per_execution", "workers_per_trial",
+           "max_concurrent"), function(name) as_int, simplify = FALSE)
+)
+
+# A named list of the core's arguments, each converted as CORE_CONVERSIONS says.
+as_core_arguments <- function(arguments) {
+  for (name in intersect(names(arguments), names(CORE_CONVERSIONS))) {
+    if (!is.null(arguments[[name]])) arguments[name] <- list(CORE_CONVERSIONS[[name]](arguments[[name]]))
+  }
+  arguments
+}
+
 # A tbl_spark of a classic sparklyr connection is read in that connection's own application (sparklyr.R);
 # other R data goes into `spark`, by default the session of tf_spark_connect().
 as_spark_dataframe <- function(sdf, spark) {

@@ -22,37 +22,49 @@
 #'   character column, for a Keras 3 model that carries its own preprocessor (a KerasHub task such as
 #'   `BertTextClassifier`), which the training processes run on the text.
 #' @param label A numeric column, or an array column of numbers (a sequence label, a value per position:
-#'   a causal LM's next tokens, weighed per position by a `sample_weight` array column passed in `...`); for a
+#'   a causal LM's next tokens, weighed per position by a `sample_weight` array column); for a
 #'   Keras 3 model of several outputs, one per output, named by the output's name:
 #'   `c(cls = "kind", reg = "target")`. `NULL` only for a character column whose model's preprocessor makes
 #'   the labels (a causal LM's).
 #' @param epochs,batch_size As in Keras; `batch_size` is the global batch, split across workers.
 #' @param num_workers Number of Spark tasks (TensorFlow workers); the cluster needs as many free slots.
-#' @param ... Further arguments of `tfbarrier.fit()`: `validation_split` (a fraction of the rows held
-#'   out, drawn with `seed`), `validation_freq`, `sample_weight` (a numeric column), `class_weight` (a
-#'   named list, e.g. `list("3" = 5)`), `save_to` (a directory: the chief saves the model there
-#'   after every epoch as a `.keras` archive, `epoch-001.keras`..., listed in `saved`), `save_best` (a
-#'   metric such as `"val_loss"`: only its best epoch, as `best.keras`), `save_mode`, `seed`, `shuffle`, `shuffle_buffer`, `steps_per_epoch`,
-#'   `callbacks`, `checkpoint_dir` (a directory every worker reaches: the training state is saved there at
-#'   each epoch's end, and a fit retried after a failure resumes at the step after the last save),
-#'   `checkpoint_every` (with `checkpoint_dir`, also save every that many steps, or every so long:
-#'   `"10min"`, `"2h"`), `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
-#'   `allow_unencrypted`, `use_gpu`, `verbose`, `tensorboard_dir`, `env` (a [tf_env()]),
-#'   `steps_per_execution` (training steps per call into TensorFlow: `"auto"` by default, which times
-#'   the first calls and then runs about half a second of steps per call; a number fixes it; `NULL`
-#'   keeps the model's own), `exchange` (how the gradients travel: `"tfbarrier"`, tfbarrier's own ring,
-#'   which admits only the job's processes and is TLS where the cluster encrypts; `"strategy"`,
-#'   `MultiWorkerMirroredStrategy` through TensorFlow's gRPC server, which accepts any client: a trusted
-#'   network only; `"auto"` (default): the ring, or the strategy for workers of several GPUs each),
-#'   `communication` (the exchange's options, a named list: `bytes_per_pack`, `timeout_seconds`,
-#'   `compression = "fp16"` to sum the gradients in float16, and the strategy's `implementation`,
-#'   `"ring"` or `"nccl"`) and `mlflow`
-#'   (log the fit to MLflow from the driver, with the `mlflow` extra of the Python package: `TRUE` for the
-#'   active run or a new run in the current experiment, an experiment's name, or a run id to continue;
-#'   the tracking URI is MLflow's own, e.g. `MLFLOW_TRACKING_URI` in Python's environment).
 #' @param validation_data Rows to evaluate the model on after each epoch (`val_loss`, `val_accuracy`...
 #'   in the history), with the same feature and label columns: converted like `sdf`. Each validation
 #'   evaluates every row exactly once across the workers.
+#' @param validation_split Instead of `validation_data`: the fraction of each worker's rows held out for
+#'   validation, drawn with `seed` (the same rows at every epoch and retry).
+#' @param validation_freq Validate after every this many epochs (`val_*` is `NA` in the history for the others).
+#' @param sample_weight A numeric column: each row's weight in the loss, as Keras's `sample_weight` (an array
+#'   column weighs each position of a sequence label).
+#' @param class_weight A named list of class ids to weights, e.g. `list("3" = 5)`; classes not listed weigh 1.
+#' @param callbacks A Python function of no arguments returning a list of `tf.keras` callbacks, called in every
+#'   training process (`reticulate::py_func()`, or a function of a module of yours).
+#' @param seed Seeds the weights' initialisation in the workers and the shuffling of each shard.
+#' @param shuffle Shuffle each shard every pass; `FALSE` keeps the partitions' order, for reproducible runs.
+#' @param steps_per_epoch Steps each worker runs an epoch; by default one pass over the rows.
+#' @param checkpoint_dir A directory every worker reaches: the training state is saved there at each epoch's
+#'   end (and every `checkpoint_every` steps, or so long: `"10min"`, passed in `...`), and a fit retried after a
+#'   failure, or run again with the same directory, resumes at the step after the last save.
+#' @param save_to A directory: the chief saves the model there after every epoch as a `.keras` archive,
+#'   `epoch-001.keras`..., listed in the result's `saved`.
+#' @param save_best With `save_to`, a metric such as `"val_loss"`: only its best epoch, as `best.keras`
+#'   (`save_mode`, in `...`, says whether lower or higher is better; by default from the metric's name).
+#' @param exchange How the gradients travel: `"tfbarrier"`, tfbarrier's own ring, which admits only the job's
+#'   processes and is TLS where the cluster encrypts; `"strategy"`, `MultiWorkerMirroredStrategy` through
+#'   TensorFlow's gRPC server, which accepts any client: a trusted network only; `"auto"` (default): the ring,
+#'   or the strategy for workers of several GPUs each. Its options go in `communication` (in `...`): a named
+#'   list of `bytes_per_pack`, `timeout_seconds`, `compression = "fp16"` (the gradients summed in float16),
+#'   and the strategy's `implementation`, `"ring"` or `"nccl"`.
+#' @param mlflow Log the fit to MLflow from the driver (the `mlflow` extra of the Python package): `TRUE` for
+#'   the active run or a new run in the current experiment, an experiment's name, or a run id to continue; the
+#'   tracking URI is MLflow's own (e.g. `MLFLOW_TRACKING_URI` in Python's environment).
+#' @param verbose 0 silent; 1 a progress bar and a line per epoch; 2 also every worker's events and output.
+#' @param ... Further arguments of `tfbarrier.fit()`, converted as the ones above: `shuffle_buffer`,
+#'   `checkpoint_every`, `save_mode`, `max_retries`, `timeout`, `stall_timeout`, `tf_threads`,
+#'   `allow_unencrypted`, `use_gpu`, `tensorboard_dir`, `env` (a [tf_env()]), `steps_per_execution`
+#'   (training steps per call into TensorFlow: `"auto"` by default, which times the first calls and then runs
+#'   about half a second of steps per call; a number fixes it; `NULL` keeps the model's own) and
+#'   `communication` (see `exchange`).
 #' @param spark The `SparkSession` to convert an R data.frame or a path in; by default the one of
 #'   [tf_spark_connect()].
 #' @return A `tfbarrier_fit`: `model` (the trained Keras model), `history` (a data.frame, one row per
@@ -69,16 +81,22 @@
 #'   class vector names the kind (`"ColumnError"`, `"InvalidArgumentError"`, `"ModelError"`,
 #'   `"ClusterError"`, `"WorkerError"`...) followed by `"TfBarrierError"` and `"tfbarrier_error"`.
 #' @export
-spark_tf_fit <- function(sdf, model, features, label = NULL, epochs = 1L, batch_size = 32L, num_workers = 2L, ...,
-                         validation_data = NULL, spark = NULL) {
+spark_tf_fit <- function(sdf, model, features, label = NULL, epochs = 1L, batch_size = 32L, num_workers = 2L,
+                         validation_data = NULL, validation_split = NULL, validation_freq = 1L, sample_weight = NULL,
+                         class_weight = NULL, callbacks = NULL, seed = NULL, shuffle = TRUE, steps_per_epoch = NULL,
+                         checkpoint_dir = NULL, save_to = NULL, save_best = NULL, exchange = "auto", mlflow = NULL,
+                         verbose = 1L, ..., spark = NULL) {
   check_given(c("sdf", "model", "features"))
   sdf <- as_spark_dataframe(sdf, spark)
   if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
-  result <- tf_call(core$fit(
-    sdf, model, features = as_column_names(features), label = if (!is.null(label)) as_column_names(label),
-    epochs = as_int(epochs), batch_size = as_int(batch_size), num_workers = as_int(num_workers),
-    validation_data = validation_data, ...
-  ))
+  arguments <- list(
+    features = features, label = label, epochs = epochs, batch_size = batch_size, num_workers = num_workers,
+    validation_data = validation_data, validation_split = validation_split, validation_freq = validation_freq,
+    sample_weight = sample_weight, class_weight = class_weight, callbacks = callbacks, seed = seed, shuffle = shuffle,
+    steps_per_epoch = steps_per_epoch, checkpoint_dir = checkpoint_dir, save_to = save_to, save_best = save_best,
+    exchange = exchange, mlflow = mlflow, verbose = verbose
+  )
+  result <- tf_call(do.call(core$fit, c(list(sdf, model), as_core_arguments(c(arguments, list(...))))))
   new_fit(result, features)
 }
 

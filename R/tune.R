@@ -39,11 +39,10 @@ spark_tf_tune <- function(sdf, build_model, params, features, label, epochs = 1L
   if (!is.null(validation_data)) validation_data <- as_spark_dataframe(validation_data, spark)
   if (is.data.frame(params)) params <- lapply(seq_len(nrow(params)), function(i) as.list(params[i, , drop = FALSE]))
   params <- lapply(params, function(p) lapply(p, as_int))
-  result <- tf_call(core$tune(
-    sdf, build_model, params, features = as_column_names(features), label = label, epochs = as_int(epochs),
-    batch_size = as_int(batch_size), validation_data = validation_data, metric = metric, mode = mode,
-    workers_per_trial = as_int(workers_per_trial), max_concurrent = as_int(max_concurrent), ...
-  ))
+  arguments <- list(features = features, label = label, epochs = epochs, batch_size = batch_size,
+                    validation_data = validation_data, metric = metric, mode = mode,
+                    workers_per_trial = workers_per_trial, max_concurrent = max_concurrent)
+  result <- tf_call(do.call(core$tune, c(list(sdf, build_model, params), as_core_arguments(c(arguments, list(...))))))
   best <- new_fit(result$best, features)
   structure(
     list(trials = trials_frame(reticulate::py_get_attr(result, "trials")), best_params = result$best_params, best = best,

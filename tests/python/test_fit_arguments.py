@@ -1,12 +1,12 @@
 """fit's arguments are said in two places (issue 73): api.fit's signature and documentation, and, for one that
 becomes a FitJob field, that field with its check and whether MLflow records it (fitting/job.argument). The rest
 follows from them: front.face binds a call to the signature, front.prepare checks each field's argument as the
-field says, tracking records the fields marked so. These tests hold the two places, and what reads them, together."""
+field says, tracking records the fields marked so. These tests hold the two places, and what reads them, together;
+R's faces are held to the signature by tests/testthat/test-arguments.R."""
 
 import ast
 import dataclasses
 import inspect
-import os
 import re
 
 import tfbarrier
@@ -65,15 +65,3 @@ def test_mlflow_records_the_fields_marked_tracked_from_the_job_itself():
     tracked = {field.name for field in dataclasses.fields(FitJob) if field.metadata.get("tracked")}
     assert {"epochs", "batch_size", "seed", "data_seed", "communication", "save_best"} <= tracked
     assert not tracked & {"save_to", "tensorboard_dir", "stall_timeout"}  # where, and how long, not what trained
-
-
-def test_the_r_face_passes_only_arguments_fit_takes():
-    """R's spark_tf_fit() names the arguments people use and passes the rest (``...``) on: every name it hands
-    the core's fit is one of fit's."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    with open(os.path.join(here, "..", "..", "R", "fit.R")) as f:
-        source = f.read()
-    call = source[source.index("core$fit("):]
-    call = call[:call.index("\n  )") if "\n  )" in call else len(call)]
-    handed = set(re.findall(r"\b(\w+) = ", call))
-    assert handed and sorted(handed - set(PARAMETERS)) == [], handed - set(PARAMETERS)
