@@ -134,7 +134,7 @@ def test_tune_ranks_text_classifiers_fitted_from_a_string_column(spark, one_proc
     search = tfbarrier.tune(partitioned(spark, data, lambda i: 0, 1), build, [{"learning_rate": r} for r in rates],
                             features="text", label="label", metric="loss", epochs=2, batch_size=GLOBAL_BATCH,
                             shuffle=False, verbose=0)
-    assert list(search.trials["status"]) == ["ok", "ok"]
+    assert list(search.trials["status"]) == ["ok", "ok"], list(search.trials["error"])
     for rate, loss in zip(rates, search.trials["loss"]):
         local = build({"learning_rate": rate}).fit(data["text"].to_numpy(), data["label"].to_numpy(),
                                                     batch_size=GLOBAL_BATCH, epochs=2, shuffle=False, verbose=0)
