@@ -4,8 +4,8 @@
 core_parameters <- function(fn) {
   listed <- reticulate::py_eval(paste0(
     "lambda f: [(n, p.default is not p.empty, None if p.default is p.empty else p.default) ",
-    "for n, p in __import__('inspect').signature(f).parameters.items()]"), convert = FALSE)
-  reticulate::py_to_r(listed(fn))
+    "for n, p in __import__('inspect').signature(f).parameters.items()]"))
+  listed(fn)
 }
 
 expect_faces_agree <- function(r_function, core_function, own) {
