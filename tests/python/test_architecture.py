@@ -143,7 +143,7 @@ def upward_imports(sources):
     modules = {_module_name(path): path for path in sources}
     floor = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
     unplaced = sorted({_room(name) for name in modules} - set(floor))
-    assert unplaced == [], f"rooms on no floor: place them in FLOORS (test_architecture.py) and ARCHITECTURE.md"
+    assert unplaced == [], "rooms on no floor: place them in FLOORS (test_architecture.py) and ARCHITECTURE.md"
     return sorted(f"{name} -> {imported}" for name, path in modules.items()
                   for imported in _imports(path, name, modules)
                   if imported in modules and floor[_room(imported)] > floor[_room(name)])
