@@ -36,6 +36,7 @@ LOST_CONTACT_TYPES = ("UnavailableError", "DeadlineExceededError", "AbortedError
 
 # Spark's failure text for a job whose executor went away.
 LOST_EXECUTOR_SIGNS = ("ExecutorLostFailure", "Executor lost", "executor lost")
+PYTHON_WORKER_CRASHED = "Python worker exited unexpectedly (crashed)"  # Spark's word for a task's process that died
 # Spark's failure text when the driver's JVM could not hold what went through it.
 DRIVER_MEMORY_SIGNS = ("TaskResultLost", "OutOfMemoryError", "Java heap space", "spark.driver.maxResultSize")
 MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^']+)'")
@@ -206,6 +207,21 @@ def _lost_executor(failure):
     return WorkerLostError.of(worker, host, f"Spark lost its executor ({reason})")
 
 
+def _crashed_python_worker(failure):
+    """The WorkerLostError of a job whose barrier task's Python worker died under it (Spark: "Python worker exited
+    unexpectedly (crashed)"): killed, or its host going down, whose executor may report the task before it dies
+    itself (then Spark has not lost that executor yet). The worker is the task's partition, its host the
+    rendezvous' word."""
+    if PYTHON_WORKER_CRASHED not in failure.text:
+        return None
+    worker = _LOST_TASK.search(failure.text)
+    worker = int(worker.group(1) or worker.group(2)) if worker else None
+    host = failure.hosts.get(worker)
+    gone = " (its host's executor is gone too)" if host and host in failure.lost_hosts else ""
+    return WorkerLostError.of(worker, host, f"its Spark Python worker exited unexpectedly (crashed): its process was "
+                                            f"killed, or its host went down{gone}")
+
+
 # In order: the first rule that names an error wins.
 JOB_FAILURE_RULES = (
     ("a task's tfbarrier error, carried in Spark's text", lambda failure: errors.decode(failure.text)),
@@ -213,6 +229,7 @@ JOB_FAILURE_RULES = (
     ("the driver's SparkContext stopped", _driver_stopped),
     ("the driver's JVM could not hold the results or files", _driver_memory),
     ("Spark lost an executor", _lost_executor),
+    ("a task's Python worker crashed", _crashed_python_worker),
 )
 
 

@@ -138,6 +138,11 @@ LOST_EXECUTOR = ("Job aborted due to stage failure: Could not recover from a fai
                  "recent failure reason: Stage failed because barrier task ResultTask(3, 1) finished unsuccessfully.\n"
                  "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Remote RPC "
                  "client disassociated.")
+# a host killed: its executor reported the task's Python worker dead before it died itself (test_host_faults saw it)
+CRASHED_PYTHON_WORKER = ("Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. Most "
+                         "recent failure reason: Stage failed because barrier task ResultTask(38, 1) finished "
+                         "unsuccessfully.\norg.apache.spark.SparkException: Python worker exited unexpectedly "
+                         "(crashed). Consider setting 'spark.python.worker.faulthandler.enabled' to 'true'")
 LOST_TASK_WITH_HOST = ("Lost task 0.0 in stage 2.0 (TID 7) (10.1.0.2 executor 3): ExecutorLostFailure "
                        "(executor 3 exited) Reason: Command exited with code 137")
 
@@ -157,6 +162,8 @@ LOST_TASK_WITH_HOST = ("Lost task 0.0 in stage 2.0 (TID 7) (10.1.0.2 executor 3)
      "Command exited with code 137"),
     (faults.JobFailure("Executor lost", lost_hosts=frozenset({"h2"})), WorkerLostError,
      {"worker": None, "host": "h2"}, "an executor was lost"),
+    (faults.JobFailure(CRASHED_PYTHON_WORKER, hosts={0: "h0", 1: "h1"}), WorkerLostError, {"worker": 1, "host": "h1"},
+     "its Spark Python worker exited unexpectedly (crashed): its process was killed, or its host went down"),
 ])
 def test_a_failed_jobs_text_becomes_its_error(failure, cls, fields, says):
     error = faults.job_failure(failure)

@@ -128,7 +128,8 @@ def test_the_next_fit_succeeds_on_the_same_cluster_once_the_link_is_back(faults)
 def test_a_lost_host_without_retries_is_a_retryable_worker_lost_error_naming_it(faults):
     outcome = faults["lost_host"]
     cause, _ = lost_worker(outcome, worker=1, seen_by=0)
-    assert "Spark lost its executor" in cause
+    # Spark says whichever of the host's processes the kill reached first: the executor, or the task's Python worker
+    assert "Spark lost its executor" in cause or "Python worker exited unexpectedly" in cause
     no_job_process_left(outcome)
     assert outcome["executors_back"]  # the host's new worker gave the application an executor again
 
