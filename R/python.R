@@ -29,6 +29,18 @@ tfbarrier_python <- function() {
   }
   # Delay loading: library(tfbarrier) does not start Python.
   core <<- reticulate::import("tfbarrier", delay_load = TRUE, convert = TRUE)
+  reg.finalizer(parent.env(environment()), close_python_sessions, onexit = TRUE)
+}
+
+# At R's exit: what the core's Python would do at its own (predict's session server closed, its files removed),
+# since R's embedded Python runs no atexit handler. Only when this session imported that module.
+close_python_sessions <- function(namespace) {
+  if (!reticulate::py_available(initialize = FALSE)) return(invisible())
+  try(reticulate::py_run_string(paste(
+    "import sys",
+    "_transfer = sys.modules.get('tfbarrier.spark.transfer')",
+    "if _transfer is not None: _transfer.close_sessions()", sep = "\n")), silent = TRUE)
+  invisible()
 }
 
 # A Python module that imports TensorFlow, imported after tfbarrier: that keeps TensorFlow's start-up

@@ -249,7 +249,7 @@ _session_lock = threading.Lock()
 
 def session_server(host, encrypted=False):
     """(SessionFiles, the DriverServer on ``host`` serving them, over TLS when ``encrypted``), started on
-    first use and closed when the driver process exits. Raises OSError when the driver cannot listen on
+    first use and closed when the driver process exits (``close_sessions``). Raises OSError when the driver cannot listen on
     ``host``."""
     import atexit
 
@@ -264,6 +264,17 @@ def session_server(host, encrypted=False):
             except OSError:
                 files.close()
                 raise
+            if not _session:
+                atexit.register(close_sessions)
             _session[host, encrypted] = files, server
-            atexit.register(lambda: (server.close(), files.close()))
         return _session[host, encrypted]
+
+
+def close_sessions():
+    """Close this driver process's session servers and remove their files: at Python's exit (atexit), and at
+    R's, whose embedded Python runs no atexit handler (R's package calls it, python.R)."""
+    with _session_lock:
+        for files, server in _session.values():
+            server.close()
+            files.close()
+        _session.clear()
