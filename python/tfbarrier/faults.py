@@ -191,14 +191,19 @@ def _driver_memory(failure):
         "or let the executors reach the driver (spark.tfbarrier.driverLink)")
 
 
+def _failed_task(text):
+    """The partition (the worker) of the barrier task Spark's failure ``text`` names, or None."""
+    task = _LOST_TASK.search(text)
+    return int(task.group(1) or task.group(2)) if task else None
+
+
 def _lost_executor(failure):
     """The WorkerLostError of a job Spark failed because it lost an executor: the worker is the barrier
     task's partition, its host Spark's word, the rendezvous' or the one host whose executors are gone."""
     text = failure.text
     if not any(sign in text for sign in LOST_EXECUTOR_SIGNS):
         return None
-    worker = _LOST_TASK.search(text)
-    worker = int(worker.group(1) or worker.group(2)) if worker else None
+    worker = _failed_task(text)
     host = _LOST_TASK_HOST.search(text)
     lost_hosts = failure.lost_hosts
     host = host.group(1) if host else failure.hosts.get(worker) or (next(iter(lost_hosts)) if len(lost_hosts) == 1 else None)
@@ -214,8 +219,7 @@ def _crashed_python_worker(failure):
     rendezvous' word."""
     if PYTHON_WORKER_CRASHED not in failure.text:
         return None
-    worker = _LOST_TASK.search(failure.text)
-    worker = int(worker.group(1) or worker.group(2)) if worker else None
+    worker = _failed_task(failure.text)
     host = failure.hosts.get(worker)
     gone = " (its host's executor is gone too)" if host and host in failure.lost_hosts else ""
     return WorkerLostError.of(worker, host, f"its Spark Python worker exited unexpectedly (crashed): its process was "
