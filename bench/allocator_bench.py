@@ -39,7 +39,7 @@ def worker(index, ports, out):
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier.exchange import strategy as strategy_exchange
+    from tfbarrier.exchange import strategy_side as strategy_exchange
     from tfbarrier import keras_helpers
     from tfbarrier.fitting import optimizers
 

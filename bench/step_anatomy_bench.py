@@ -148,7 +148,7 @@ def keras_fit(strategy, kind, x, y, steps_per_execution, reduction="auto", metri
     import tensorflow as tf
     import tf_keras
 
-    from tfbarrier.exchange import strategy as strategy_exchange
+    from tfbarrier.exchange import strategy_side as strategy_exchange
     from tfbarrier.fitting import pacing
     from workloads import build_model
 

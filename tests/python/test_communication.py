@@ -47,7 +47,7 @@ def test_a_gradient_larger_than_a_pack_is_all_reduced_in_pieces_of_a_pack_and_jo
     import numpy as np
     import tensorflow as tf
 
-    from tfbarrier.exchange.strategy import in_pieces
+    from tfbarrier.exchange.strategy_side import in_pieces
 
     sent = []
 

@@ -257,7 +257,7 @@ def test_gradient_packs_cross_the_ring_last_layers_first():
     import tf_keras
 
     from tfbarrier.exchange.ring_hooks import exchange_gradients
-    from tfbarrier.fitting.ring_training import TfKeras
+    from tfbarrier.fitting.flavors import TfKeras
 
     lock = threading.Lock()
 

@@ -3,15 +3,16 @@ that differs between the ways they can travel, on the driver, in the task and in
 
 Two are registered (EXCHANGES):
 
-- ``"tfbarrier"`` (authenticated_ring.py): tfbarrier's own ring (ring.py), which admits only the job's
+- ``"tfbarrier"`` (authenticated_ring.py, ring_side.py): tfbarrier's own ring (ring.py), which admits only the job's
   processes, over TLS where the cluster encrypts; no TensorFlow server. Every fit of at most one GPU per
   worker by default.
-- ``"strategy"`` (strategy.py): MultiWorkerMirroredStrategy's collectives through TensorFlow's gRPC server
+- ``"strategy"`` (strategy.py, strategy_side.py): MultiWorkerMirroredStrategy's collectives through TensorFlow's gRPC server
   (its own options: ``communication={"implementation": "ring" | "nccl" | "auto"}``), which accepts any
   client and is never encrypted; the default for workers of several GPUs each on a trusted network.
 
 A variant of an exchange is a subclass and a line in EXCHANGES; a new way for gradients to travel adds its
-training loop in fitting/ (the ``trainer`` it names). ARCHITECTURE.md, "Where a new thing goes", counts the places.
+side in a training process (a ``WorkerSide``, base.py, whose hooks fitting/training_loop.py calls).
+ARCHITECTURE.md, "Where a new thing goes", counts the places.
 """
 
 import warnings

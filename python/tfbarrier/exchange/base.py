@@ -1,7 +1,9 @@
-"""What every exchange answers (tfbarrier.exchange has the registered ones)."""
+"""What every exchange answers (tfbarrier.exchange has the registered ones): ``Exchange`` on the driver and in
+the job, ``WorkerSide`` in each training process, where the one training loop (fitting/training_loop.py) calls
+its hooks."""
 
+import contextlib
 import dataclasses
-import importlib
 
 from tfbarrier.errors import InvalidArgumentError
 
@@ -16,7 +18,6 @@ class Exchange:
     name = None  # what fit's ``exchange=`` calls it
     tensorflow_server = False  # its workers talk through TensorFlow's gRPC server, which TLS cannot cover
     local_replicas = False  # a worker may train on several GPUs at once (the strategy's local replicas)
-    trainer = None  # the module of its training process's side, whose train(job, config, channel) runs the fit
     # A training process's peak in a step, in copies of the trainable weights (models/memory.py); and whether
     # TensorFlow's allocator keeps as many copies again of the first memory.SMALL_MODEL_BYTES of them.
     step_copies = 0.0
@@ -44,6 +45,44 @@ class Exchange:
                 "per worker, on one device: set spark.task.resource.gpu.amount=1 (one worker per GPU), or pass "
                 "exchange='strategy' on a trusted network")
 
-    def train(self, job, config, channel):
-        """The training process's side of the fit (imports TensorFlow: only training processes call it)."""
-        return importlib.import_module(self.trainer).train(job, config, channel)
+    def join(self, job, config):
+        """This exchange in a training process, joined with the other workers of ``job`` (the task's
+        ``config``): a WorkerSide. Imports TensorFlow: only training processes call it."""
+        raise NotImplementedError
+
+
+class WorkerSide:
+    """An exchange in one training process: what the training loop (fitting/training_loop.py) asks of it, in
+    the order it asks. The defaults are those of an exchange that does its work inside Keras's own calls."""
+
+    size = 1  # how many workers train
+    distribution = None  # the tf.distribute strategy the model is built in, or None
+    # The workers' sums and gathers (``all_reduce_sum``, ``all_gather``, ``sum_variables``: ring.Ring's), which
+    # the loop's validation, checkpoints and pacing use themselves; None where a strategy sums inside Keras.
+    collective = None
+
+    def scope(self):
+        """Where the model is built, made ready and paced (a strategy's scope)."""
+        return contextlib.nullcontext()
+
+    def hook(self, model, flavor, job):
+        """Make the built ``model`` (of the fitting.flavors ``flavor``) exchange its gradients and metrics."""
+
+    def dataset(self, make):
+        """The dataset this worker trains or validates on, from ``make(tf.distribute.InputContext)``."""
+        raise NotImplementedError
+
+    def callbacks(self, callbacks):
+        """The fit's ``callbacks`` (validation first, then tfbarrier's and the user's) among the exchange's own."""
+        return callbacks
+
+    def failures(self):
+        """Around each ``model.fit``: where a failure of the exchange becomes its own error."""
+        return contextlib.nullcontext()
+
+    def close(self):
+        """The fit is over on this worker (its model not yet written)."""
+
+    def communication(self, model):
+        """What the worker's FitResult reports of how its gradients travelled (after ``close``)."""
+        raise NotImplementedError

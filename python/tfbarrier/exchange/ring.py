@@ -1,6 +1,6 @@
 """A ring all-reduce between a job's training processes that admits only the job's own peers.
 
-How the workers of a fit over tfbarrier's ring exchange gradients and metric states (ring_training.py;
+How the workers of a fit over tfbarrier's ring exchange gradients and metric states (ring_side.py;
 docs/gradient-exchange-design.md).
 Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
 after both sides proved that they hold the job's secret (ring_admission.py, which also keeps strangers'

@@ -1,4 +1,4 @@
-"""What a fit over tfbarrier's ring hooks into Keras (ring_training.py): the optimizer's apply wrapped so that
+"""What a fit over tfbarrier's ring hooks into Keras (ring_side.py): the optimizer's apply wrapped so that
 each step's gradients cross the ring (``exchange_gradients``), the epoch's metric states summed
 (``sum_metrics``), and the callbacks that keep the workers one model (``GlobalBatchLogs``, ``ExchangedOnly``,
 ``AverageState``, ``StopTogether``). Imported only in training processes."""
@@ -14,7 +14,7 @@ EVERY_VARIABLE = "every variable"  # in ``exchanged``: an optimizer's update of 
 
 
 def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, last_layers_first=True):
-    """Make ``optimizer`` (of the ``flavor``'s Keras: ring_training.Keras3 or TfKeras) apply the mean of every worker's
+    """Make ``optimizer`` (of the ``flavor``'s Keras: fitting.flavors.Keras3 or TfKeras) apply the mean of every worker's
     gradients. They cross ``ring`` from inside the compiled step in packs: consecutive gradients together up
     to ``bytes_per_pack`` (fit's ``communication``; 0: one pack), a larger one alone (no copy of it is made
     to join a pack), last layers first (the backward pass makes theirs first: a pack travels while it goes

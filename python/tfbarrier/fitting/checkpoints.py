@@ -101,6 +101,10 @@ class Checkpoints(SaveSchedule, tf_keras.callbacks.Callback):
         mid_epoch = resume is not None and resume["step"] + 1 < steps_per_epoch
         self._pending_metrics = resume["metrics"] if mid_epoch else None  # the resumed epoch's sums so far
 
+    def begin_fit(self, skipped_steps, last):
+        """Where the attempt's fit starts: tf_keras's own ``_training_state`` (this callback) resumes mid-epoch,
+        so its one fit needs nothing more (ring_checkpoints.RingCheckpoints has more to do for Keras 3)."""
+
     # ---- set-up and restore ---------------------------------------------------------------------
     def on_train_begin(self, logs=None):
         model, optimizer = self.model, self.model.optimizer  # its slots exist (optimizers.build): a restore fills them

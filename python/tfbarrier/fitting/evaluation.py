@@ -12,7 +12,7 @@ The values go into the epoch's logs before any other callback sees them, the sam
 so EarlyStopping or ReduceLROnPlateau decide alike everywhere and every worker stops at the same epoch.
 
 Under MultiWorkerMirroredStrategy the strategy sums across workers; in a fit over tfbarrier's ring
-(ring_training.py) the ring does: ``Validation`` with a ``ring`` for a tf_keras model, ``Keras3Validation``
+(exchange/ring_side.py) the ring does: ``Validation`` with a ``ring`` for a tf_keras model, ``Keras3Validation``
 for a Keras 3 model.
 """
 

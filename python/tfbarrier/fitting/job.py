@@ -3,8 +3,8 @@
 
 The job is plain data, made on the driver. In the task: the partition (or the task's slices of a plain
 Parquet scan) is streamed to the shard file (and the validation rows to theirs), every worker must have
-rows, and the peers agree on the steps. The training process's side, where TensorFlow is, is the exchange's
-trainer (fitting/ring_training.py, fitting/strategy_training.py), on fitting/training.py's toolkit.
+rows, and the peers agree on the steps. The training process's side, where TensorFlow is, is the training loop
+(fitting/training_loop.py), with the exchange's hooks (its WorkerSide) and fitting/training.py's toolkit.
 """
 
 import dataclasses
@@ -141,8 +141,10 @@ class FitJob(Job):
         return self.exchange.tensorflow_server
 
     @property
-    def imports_keras3(self):  # a model function's too: it may build a Keras 3 model (ring_training)
+    def imports_keras3(self):  # a model function's too: it may build a Keras 3 model (over the ring)
         return getattr(self.model, "native", False) or (self.model.flavor == "function" and not self.tensorflow_server)
 
     def execute(self, tf, config, channel):
-        return self.exchange.train(self, config, channel)  # imports TensorFlow: only training processes call it
+        from tfbarrier.fitting import training_loop  # imports TensorFlow: only training processes call it
+
+        return training_loop.train(self, config, channel)

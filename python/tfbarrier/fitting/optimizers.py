@@ -88,7 +88,7 @@ def _adam(optimizer, gradient, variable):
 
 
 def fuse_keras3_updates(optimizer):
-    """The same for a Keras 3 optimizer (a native fit's, ring_training.py), whose ``update_step`` also
+    """The same for a Keras 3 optimizer (a native fit's, fitting/flavors.py), whose ``update_step`` also
     takes the learning rate and writes each intermediate as a tensor the size of the weight (the 61 M
     MLP's Adam peaked 13% above the translated path's fused one, bench/README.md)."""
     import keras

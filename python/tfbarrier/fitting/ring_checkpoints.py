@@ -1,4 +1,4 @@
-"""fit(checkpoint_dir=, checkpoint_every=) for a fit over tfbarrier's ring (ring_training.py): checkpoints.py's
+"""fit(checkpoint_dir=, checkpoint_every=) for a fit over tfbarrier's ring (exchange/ring_side.py): checkpoints.py's
 saves and resume, with the ring in the strategy's place, for Keras 3 and tf_keras models alike.
 
 The same files in ``<checkpoint_dir>/state`` (a TensorFlow checkpoint ``ckpt-N`` of the model, its

@@ -1,7 +1,6 @@
-"""The training process's toolkit for a fit, shared by every exchange's trainer (fitting/ring_training.py,
-fitting/strategy_training.py): tfbarrier's callbacks (the progress heartbeat, the epoch log, validation,
-saved models, checkpoints, TensorBoard) with the user's, the model's fit, the chief's trained model and
-history for the driver, and the process's memory.
+"""The training process's toolkit for a fit (training_loop.py's): tfbarrier's callbacks (the progress heartbeat,
+the epoch log, saved models, checkpoints, TensorBoard) with the user's, the model's fit, the chief's trained
+model and history for the driver, and the process's memory.
 
 Imported only in training processes, after TensorFlow: the driver never imports TensorFlow.
 """
@@ -20,7 +19,7 @@ import tf_keras
 from tfbarrier import atomic
 from tfbarrier.data import shards
 from tfbarrier.errors import ColumnError
-from tfbarrier.fitting import evaluation, pacing, saving
+from tfbarrier.fitting import pacing, saving
 from tfbarrier.fitting.checkpoints import Checkpoints
 from tfbarrier.models.weights_file import write_weights
 from tfbarrier.spark import protocol
@@ -60,9 +59,9 @@ def write_trained(job, model, workdir, is_chief):
     return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
 
 
-def validation_dataset(job, strategy, config, input_shape, training, context=None):
-    """(distributed validation dataset, steps) when the job validates, else None; without a
-    ``strategy``, this worker's dataset for the input ``context``."""
+def validation_dataset(job, config, input_shape, training, distribute):
+    """(this worker's validation dataset, steps) when the job validates, else None; ``distribute``: the
+    exchange's ``WorkerSide.dataset``, which makes it from shards.validation_dataset_fn's function."""
     if not config.get("validation_steps"):
         return None
     path = os.path.join(os.path.dirname(config["shard"]), protocol.VALIDATION_FILE)
@@ -74,8 +73,7 @@ def validation_dataset(job, strategy, config, input_shape, training, context=Non
                                     weight_length=training.weight_length, stored=training.stored)
     shard = dataclasses.replace(shard, text=training.text)
     steps = config["validation_steps"]
-    make = shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps)
-    return (make(context) if strategy is None else strategy.distribute_datasets_from_function(make)), steps
+    return distribute(shards.validation_dataset_fn(shard, input_shape, job.batch_size, steps)), steps
 
 
 def history_of(epochs):
@@ -173,10 +171,9 @@ class EpochLog(tf_keras.callbacks.Callback):
                 json.dump(self.epochs, f)
 
 
-def make_callbacks(channel, job, workdir, index, validation=None, resume=None, batch_rows=None, steps_per_epoch=None,
-               keras=tf_keras, checkpoints=Checkpoints, resumes_in_fit=True):
-    """tfbarrier's own Keras callbacks: validation (first, so that every later callback sees val_*),
-    step clock and progress heartbeat, the epoch log, the saved models (save_to), and the checkpoints
+def make_callbacks(channel, job, workdir, index, resume=None, batch_rows=None, steps_per_epoch=None,
+                   keras=tf_keras, checkpoints=Checkpoints, resumes_in_fit=True):
+    """tfbarrier's own Keras callbacks: step clock and progress heartbeat, the epoch log, the saved models (save_to), and the checkpoints
     when there is a checkpoint directory (after them, so that a resumed attempt finds the epoch it
     resumes after logged and saved); then the user's. ``resume``: where this attempt starts
     (checkpoints.resume_point); ``keras``: the Keras of the model (TensorBoard's); ``checkpoints``: the
@@ -191,8 +188,6 @@ def make_callbacks(channel, job, workdir, index, validation=None, resume=None, b
     if job.save_to:
         saver = saving.SaveModel(job.model, job.save_to, job.save_best, job.save_mode, is_chief, epoch_log)
         callbacks.append(saver)
-    if validation is not None:
-        callbacks.insert(0, evaluation.Validation(*validation, every=job.validation_freq))
     saves = None
     if job.checkpoint_dir:
         saves = checkpoints(job.checkpoint_dir, job.checkpoint_every, is_chief, index, resume, batch_rows,

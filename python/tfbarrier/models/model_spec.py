@@ -236,7 +236,7 @@ class ModelSpec:
                     "the model function built a Keras 3 model, which MultiWorkerMirroredStrategy cannot train: pass "
                     "exchange=\"tfbarrier\" (its ring trains it natively; \"auto\" picks the strategy for several "
                     "GPUs a worker), or build it with tf.keras (tf_keras)")
-            return model  # a Keras 3 one trains natively over the ring (ring_training)
+            return model  # a Keras 3 one trains natively over the ring
         local = strategy.experimental_local_results if strategy is not None else (lambda variable: [variable])
         with initial_values_local(strategy):  # every worker reads the same weights next
             # Zeros, not the layers' initializers: read_weights overwrites every weight, and a random

@@ -3,12 +3,12 @@
 The path a Keras 3 model object takes is chosen on the driver (``spec_for_fit``): translated when
 tf_keras can rebuild it (model_spec.py), native when it cannot (a custom layer, a subclassed model), or
 as ``spark.tfbarrier.keras3Training`` says ("translated", "native"; "auto" by default). Either trains
-over tfbarrier's ring (ring_training.py) unless a translated fit asks for the strategy.
+over tfbarrier's ring (fitting/training_loop.py) unless a translated fit asks for the strategy.
 
 A native model travels as its ``.keras`` archive (config, compile config, weights, optimizer state)
 and the user's own objects the archive names (custom layers, a subclassed model's class, a loss
 function), cloudpickled: the training processes cannot import a script's classes. It trains over
-tfbarrier's ring (fitting/ring_training.py); the chief's trained archive comes back and is loaded with the same objects.
+tfbarrier's ring (fitting/training_loop.py); the chief's trained archive comes back and is loaded with the same objects.
 
 Nothing here imports TensorFlow or Keras at module import time.
 """

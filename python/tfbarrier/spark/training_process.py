@@ -40,7 +40,7 @@ def import_tensorflow():
         import tensorflow as tf
 
         if os.environ.get(settings.KERAS3_PRELOAD_ENV) == "1":
-            import keras  # noqa: F401 - a native Keras 3 fit's (ring_training.py)
+            import keras  # noqa: F401 - a native Keras 3 fit's (fitting/flavors.py)
     except Exception as exc:  # noqa: B902 - raised later, in the job's work directory
         return None, exc
     return tf, None

@@ -1,0 +1,130 @@
+"""What the training loop (training_loop.py) does its own way for each Keras: ``Keras3`` for a Keras 3 model that
+trains natively (models/native_model.py), ``TfKeras`` for a tf_keras model (a model object's, a model function's,
+a Keras 3 model translated). ``flavor_of`` picks one by the model a worker built. Imported only in training
+processes.
+
+``collective`` below is the exchange's (exchange/base.py, ``WorkerSide.collective``): the ring's sums and
+gathers, or None under a strategy, which sums inside Keras.
+"""
+
+import math
+import os
+
+import numpy as np
+import tf_keras
+
+from tfbarrier.fitting import evaluation, optimizers, pacing, training
+from tfbarrier.fitting.ring_checkpoints import fit_plan
+from tfbarrier.models.model_spec import keras_flavor
+from tfbarrier.models.native_model import input_shape_of
+from tfbarrier.models.weights_file import write_weights
+
+TRAINED_ARCHIVE_FILE = "trained.keras"  # a Keras 3 chief's trained model, for the driver
+
+
+def flavor_of(model):
+    """The flavor of the Keras ``model`` was built in (a model function's may be either)."""
+    return Keras3() if keras_flavor(model) == "keras3" else TfKeras()
+
+
+class Keras3:
+    """A Keras 3 model (native_model.NativeModel): only tfbarrier's ring trains it."""
+
+    def __init__(self):
+        import keras
+
+        self.keras = keras
+        self.metrics_reader = "_get_metrics_result_or_logs"  # what Keras 3's fit reads an epoch's results with
+
+    def prepared(self, model, distribution):
+        """``model`` (built by its spec) ready to train: its optimizer's slots made, its updates fused."""
+        if not model.optimizer.built:  # its slots now, for a checkpoint to restore into
+            model.optimizer.build(model.trainable_variables)
+        optimizers.fuse_keras3_updates(model.optimizer)
+        return model
+
+    def input_shape(self, job, model):
+        return job.model.input_shape if job.model.input_shape is not None else input_shape_of(model)
+
+    def steps_per_execution(self, model):
+        return int(model.steps_per_execution)
+
+    def plan(self, resume, epochs, steps_per_epoch):
+        return fit_plan(resume, epochs, steps_per_epoch)
+
+    def pace(self, model, job, plan, collective):
+        """Set the steps per call: Keras 3 runs whole calls, so they must divide every fit's epoch of the
+        ``plan``, or an epoch would run past its end; fit's number, else as compiled ("auto" has no pacer
+        here yet). The same on every worker: the ring's exchanges follow the calls. Returns None."""
+        wanted = job.steps_per_execution if isinstance(job.steps_per_execution, int) else model.steps_per_execution
+        steps = math.gcd(*[fit[2] for fit in plan])
+        model.steps_per_execution = max(d for d in range(1, min(int(wanted), steps) + 1) if steps % d == 0)
+
+    def validation(self, dataset, steps, collective, every):
+        return evaluation.Keras3Validation(dataset, steps, collective, every)
+
+    def wrap_apply(self, optimizer, mean_of):
+        apply = optimizer.apply
+
+        def apply_mean(grads, trainable_variables=None):  # None: every variable the optimizer updates
+            return apply(mean_of(list(grads), trainable_variables), trainable_variables)
+
+        optimizer.apply = apply_mean
+
+    def write_trained(self, job, model, workdir, is_chief):
+        """(the chief's ``.keras`` archive for the driver, the weights' checksum); with adapters, which no
+        archive keeps, its weights file."""
+        if hasattr(job.model, "write_trained"):  # a preset's: its adapters alone, where it has them
+            return (job.model.write_trained(model, workdir) if is_chief else {}), write_weights(model.weights)
+        if getattr(job.model, "adapters", ()):
+            return training.write_trained(job, model, workdir, is_chief)
+        if is_chief:
+            model.save(os.path.join(workdir, TRAINED_ARCHIVE_FILE))
+        return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
+
+
+class TfKeras(Keras3):
+    """A tf_keras model (model_spec.ModelSpec: a tf_keras model, a model function's, a Keras 3 model translated),
+    under a strategy (its ``distribution``) or over the ring."""
+
+    def __init__(self):
+        self.keras = tf_keras
+        self.metrics_reader = "_validate_and_get_metrics_result"  # tf_keras's fit's, at an epoch's end
+
+    def prepared(self, model, distribution):
+        optimizers.build(model, distribution)
+        optimizers.fuse_updates(model)
+        return model
+
+    def input_shape(self, job, model):
+        return tuple(model.input_shape[1:])
+
+    def steps_per_execution(self, model):
+        return int(model.steps_per_execution.numpy())
+
+    def plan(self, resume, epochs, steps_per_epoch):
+        """One fit: tf_keras's starts mid-epoch itself (the checkpoints' callback is its ``_training_state``),
+        so the resumed epoch's steps keep their numbers."""
+        return [(0, epochs, steps_per_epoch, resume["steps_done"] if resume else 0)]
+
+    def pace(self, model, job, plan, collective):
+        """Set the steps per call (pacing.py: tf_keras cuts an epoch's last call short), the workers' timings
+        gathered over the ring where there is one; the pacer for "auto", or None."""
+        gather = collective and (lambda value: collective.all_gather(np.array(value, np.float64)).tolist())
+        return pacing.resolve(model, job.steps_per_execution, most=training.steps_between_checkpoints(job),
+                              gather=gather or None)
+
+    def validation(self, dataset, steps, collective, every):
+        return evaluation.Validation(dataset, steps, every, collective)
+
+    def wrap_apply(self, optimizer, mean_of):
+        apply_gradients = optimizer.apply_gradients
+
+        def apply_mean(grads_and_vars, *args, **kwargs):
+            grads, variables = zip(*grads_and_vars)
+            return apply_gradients(list(zip(mean_of(list(grads), variables), variables)), *args, **kwargs)
+
+        optimizer.apply_gradients = apply_mean  # what minimize() calls, on this instance only
+
+    def write_trained(self, job, model, workdir, is_chief):
+        return training.write_trained(job, model, workdir, is_chief)
