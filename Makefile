@@ -122,7 +122,7 @@ BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-n
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
                 encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b \
-                warm-start ring-model hosts-overlap hosts-overlap-mlp link
+                warm-start ring-model hosts-overlap hosts-overlap-mlp link sharded-optimizer
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -154,6 +154,8 @@ bench-large-models: venv
 	$(PY) bench/large_model_bench.py --rounds 2
 bench-large-models-checkpoint: venv
 	$(PY) bench/large_model_bench.py --checkpoint --rounds 3
+bench-sharded-optimizer: venv
+	$(PY) bench/sharded_bench.py --rounds 2 --models mlp61:2 mlp61:4 mlp250:2
 bench-sparklyr: venv
 	$(PY) bench/sparklyr_bench.py --rows 1000000 --rounds 3
 bench-vector-columns: venv

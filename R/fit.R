@@ -54,7 +54,8 @@
 #'   TensorFlow's gRPC server, which accepts any client: a trusted network only; `"auto"` (default): the ring,
 #'   or the strategy for workers of several GPUs each. Its options go in `communication` (in `...`): a named
 #'   list of `bytes_per_pack`, `timeout_seconds`, `compression = "fp16"` (the gradients summed in float16),
-#'   and the strategy's `implementation`, `"ring"` or `"nccl"`.
+#'   the ring's `shard = "optimizer"` (each worker holds the optimizer's state of its own share of the
+#'   weights: about 1/N of the slots) and the strategy's `implementation`, `"ring"` or `"nccl"`.
 #' @param mlflow Log the fit to MLflow from the driver (the `mlflow` extra of the Python package): `TRUE` for
 #'   the active run or a new run in the current experiment, an experiment's name, or a run id to continue; the
 #'   tracking URI is MLflow's own (e.g. `MLFLOW_TRACKING_URI` in Python's environment).

@@ -144,8 +144,10 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         The exchange's options: ``bytes_per_pack`` (gradients travel in packs of about this size; 0: one of
         every gradient), ``compression`` "fp16" (the gradients summed in float16: half the bytes, about three
         significant digits, float16's range) or "none" (default), ``timeout_seconds``; the strategy's
-        ``implementation`` too ("auto", "ring" or "nccl": its CommunicationImplementation). Default: packs of
-        16 MB, no compression. ``FitResult.workers`` reports what each worker's gradients took. Before
+        ``implementation`` too ("auto", "ring" or "nccl": its CommunicationImplementation); the ring's ``shard``
+        "optimizer" (each worker holds the optimizer's state of its own share of the weights, about 1/N of the
+        slots: a step reduce-scatters the gradients and all-gathers the updated weights, the bytes of an
+        all-reduce) or "none" (default). Default: packs of 16 MB, no compression, no shard. ``FitResult.workers`` reports what each worker's gradients took. Before
         ``exchange=``, ``{"implementation": "tfbarrier"}`` asked for the ring and ``"ring"`` / ``"nccl"`` alone
         for the strategy: those still work, with a FutureWarning, until the next release.
     mlflow : bool, str or mlflow.ActiveRun, optional

@@ -1,5 +1,6 @@
 """What every floor above needs to know of Keras and TensorFlow objects: the optimizer that updates the weights
-(past a LossScaleOptimizer), and variables that take the initial value each worker computes itself.
+(past a LossScaleOptimizer), variables that take the initial value each worker computes itself, and a model
+saved without its optimizer's state.
 
 MultiWorkerMirroredStrategy gives every variable worker 0's initial value: one broadcast per variable, the whole
 model through gRPC, whose receiving side holds about three copies of each message at once. Where every worker
@@ -42,3 +43,19 @@ def _local_initial_value(extended):
     if not isinstance(extended, CollectiveAllReduceExtended) or "_get_variable_creator_initial_value" in vars(extended):
         return None
     return getattr(super(CollectiveAllReduceExtended, extended), "_get_variable_creator_initial_value", None)
+
+
+@contextlib.contextmanager
+def optimizer_state_left_out(model, leave_out=True):
+    """Inside, ``model`` holds an unbuilt copy of its optimizer, so an archive saved there holds none of the
+    optimizer's state (what an archive of a model that never trained holds): where each worker holds a shard of
+    that state (communication's ``shard``), no worker's is whole. Without ``leave_out``, nothing changes."""
+    if not leave_out:
+        yield model
+        return
+    optimizer = model.optimizer
+    model.optimizer = type(optimizer).from_config(optimizer.get_config())
+    try:
+        yield model
+    finally:
+        model.optimizer = optimizer

@@ -78,10 +78,20 @@ def test_a_fit_with_an_old_spelling_still_trains_as_it_did_and_says_the_new_one(
         {"tfbarrier ring (authenticated)" if implementation == "tfbarrier ring" else implementation}
 
 
-def test_eight_workers_train_one_model_as_one_process_does():
-    outcome = run_driver("eight_workers.py", timeout=600)
-    assert len(outcome["checksums"]) == 8 and len(set(outcome["checksums"])) == 1
+@pytest.fixture(scope="module")
+def many_workers():
+    return run_driver("eight_workers.py", timeout=600)
+
+
+@pytest.mark.parametrize("fit, workers", [("eight", 8), ("four_sharded", 4)])
+def test_eight_workers_and_four_holding_a_quarter_of_adams_state_each_train_as_one_process_does(many_workers, fit,
+                                                                                                 workers):
+    outcome = many_workers[fit]
+    assert len(outcome["checksums"]) == workers and len(set(outcome["checksums"])) == 1
     np.testing.assert_allclose(outcome["loss"], outcome["reference_loss"], rtol=1e-4)
     assert outcome["loss"][-1] < outcome["loss"][0]
     for trained, expected in zip(outcome["weights"], outcome["reference_weights"]):
         np.testing.assert_allclose(trained, expected, rtol=1e-4, atol=1e-6)
+    if fit == "four_sharded":  # each worker its share of the state: together every weight once
+        held = outcome["state_of_weights"]
+        assert sum(held) == outcome["parameters"] and 0 < min(held), held

@@ -177,6 +177,17 @@ def test_a_plain_sgd_step_counts_as_much_as_one_with_momentum_where_tensorflow_p
     assert dataclasses.replace(momentum, pooled=False).worker_bytes(32) == momentum.worker_bytes(32)
 
 
+def test_workers_that_share_the_optimizers_slots_each_count_their_share_or_the_largest_variables():
+    from tfbarrier.models import memory
+
+    adam = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", largest=2**26)
+    for workers in (2, 4):  # each worker holds its 1/N of Adam's two copies of the weights
+        assert adam.worker_bytes(32) - adam.sharded(workers).worker_bytes(32) == 2 * 2**30 * (1 - 1 / workers)
+    one_table = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", largest=2**29)
+    assert one_table.sharded(4).slot_share == 0.5  # one variable of half the weights: its owner holds its slots
+    assert "25% of them on this worker" in adam.sharded(4).describe(32)
+
+
 def test_the_driver_knows_what_a_local_worker_can_have(spark):
     from tfbarrier.models import memory
 

@@ -20,7 +20,7 @@ import warnings
 from tfbarrier import checks
 from tfbarrier.errors import InvalidArgumentError
 from tfbarrier.exchange.authenticated_ring import AuthenticatedRing
-from tfbarrier.exchange.base import COMPRESSIONS, Exchange
+from tfbarrier.exchange.base import COMPRESSIONS, SHARDS, Exchange
 from tfbarrier.exchange.strategy import IMPLEMENTATIONS, StrategyExchange
 
 AUTO = "auto"
@@ -37,7 +37,8 @@ class GpuExchangeWarning(UserWarning):
 
 COMMUNICATION_KEYS = {"bytes_per_pack": "a non-negative int (0: every gradient in one pack)",
                       "timeout_seconds": "seconds, > 0", "compression": " or ".join(map(repr, COMPRESSIONS)),
-                      "implementation": "the strategy's 'auto', 'ring' or 'nccl'"}
+                      "implementation": "the strategy's 'auto', 'ring' or 'nccl'",
+                      "shard": "the ring's 'none' or 'optimizer' (each worker holds 1/N of the optimizer's state)"}
 
 
 def check_communication(options):
@@ -60,6 +61,9 @@ def check_communication(options):
     if options.get("compression", "none") not in COMPRESSIONS:
         raise InvalidArgumentError(f"communication['compression'] must be {COMMUNICATION_KEYS['compression']} "
                                    f"(gradients all-reduced in float16), got {options['compression']!r}")
+    if options.get("shard", "none") not in SHARDS:
+        raise InvalidArgumentError(f"communication['shard'] must be {' or '.join(map(repr, SHARDS))} (each worker holds "
+                                   f"the optimizer's state of 1/N of the weights), got {options['shard']!r}")
     return options
 
 

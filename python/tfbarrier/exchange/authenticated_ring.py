@@ -15,6 +15,7 @@ class AuthenticatedRing(Exchange):
     # the order its gradient packs leave in (ring_hooks.exchange_gradients): the last layers' first, which the backward
     # pass makes first, so a pack travels while it goes on; bench/pack_order.py's exchange sends the first layers' first
     last_layers_first = True
+    options = ("bytes_per_pack", "compression", "timeout_seconds", "shard")
 
     def describe(self, communication):
         return {"implementation": "tfbarrier ring (authenticated)", "exchange": self.name, **communication}

@@ -8,6 +8,7 @@ import dataclasses
 from tfbarrier.errors import InvalidArgumentError
 
 COMPRESSIONS = ("none", "fp16")  # communication's compression, every exchange's
+SHARDS = ("none", "optimizer")  # communication's shard: what each worker holds a 1/N of (the ring's: sharded_update.py)
 PACK_BYTES = 16 * 2**20  # the gradients travel in packs of about this much each (bytes_per_pack's default)
 
 
@@ -60,10 +61,16 @@ class WorkerSide:
     # The workers' sums and gathers (``all_reduce_sum``, ``all_gather``, ``sum_variables``: ring.Ring's), which
     # the loop's validation, checkpoints and pacing use themselves; None where a strategy sums inside Keras.
     collective = None
+    shards_optimizer = False  # each worker holds the optimizer's state of its own variables (optimizer_variables)
 
     def scope(self):
         """Where the model is built, made ready and paced (a strategy's scope)."""
         return contextlib.nullcontext()
+
+    def optimizer_variables(self, model):
+        """The variables whose optimizer state (slots) this worker holds: every trainable one, unless the
+        exchange shards it."""
+        return model.trainable_variables
 
     def hook(self, model, flavor, job):
         """Make the built ``model`` (of the fitting.flavors ``flavor``) exchange its gradients and metrics."""

@@ -185,6 +185,29 @@ class Ring:
             self._exchange(chunks[send], into=chunks[receive])
         return total
 
+    def reduce_scatter(self, flat, sizes):
+        """This process's chunk of the sum of every process's ``flat`` (a 1-D array, the same length and dtype
+        everywhere), cut into chunks of ``sizes`` (one per rank, in rank order; any may be 0): chunk ``rank``,
+        summed. The first half of ``all_reduce_sum``, with the chunk each process ends with chosen."""
+        chunks = np.split(np.array(flat, copy=True), np.cumsum(sizes)[:-1])
+        for step in range(self.size - 1):  # chunk (rank - 1 - step) goes right; rank's own ends whole here
+            send, receive = (self.rank - step - 1) % self.size, (self.rank - step - 2) % self.size
+            incoming = self._incoming(chunks[receive])
+            self._exchange(chunks[send], into=incoming)
+            chunks[receive] += incoming
+        return chunks[self.rank]
+
+    def all_gather_chunks(self, mine, sizes):
+        """Every process's chunk (``mine`` here, of ``sizes[rank]`` values) joined in rank order, on every
+        process: the second half of ``all_reduce_sum``."""
+        whole = np.empty(int(np.sum(sizes)), np.asarray(mine).dtype)
+        chunks = np.split(whole, np.cumsum(sizes)[:-1])  # views into ``whole``
+        chunks[self.rank][...] = mine
+        for step in range(self.size - 1):
+            send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
+            self._exchange(chunks[send], into=chunks[receive])
+        return whole
+
     def all_gather(self, array):
         """Every process's ``array`` (same shape and dtype everywhere) stacked in rank order, on every process:
         each row travels the ring once, right to left, n - 1 hops (n - 1 arrays sent per process)."""

@@ -45,9 +45,9 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, la
             sparse = [i for i, grad in enumerate(grads) if isinstance(grad, tf.IndexedSlices)]
             # last layers first: the backward pass makes their gradients first, so the first packs can travel
             # while it goes on (each pack waits only for its own gradients and the pack before it)
-            dense = [(i, _shaped(grad, variables, i)) for i, grad in enumerate(grads)
+            dense = [(i, shaped(grad, variables, i)) for i, grad in enumerate(grads)
                      if grad is not None and i not in sparse][::-1 if last_layers_first else 1]
-            for pack in _packs(dense, pack_bytes):
+            for pack in packs(dense, pack_bytes):
                 with tf.control_dependencies(after):
                     flat = tf.concat([tf.reshape(tf.cast(grad, dtype) * tf.cast(share, dtype), [-1])
                                       for _, grad in pack], 0)
@@ -60,7 +60,7 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, la
                 grads[i], after = _gathered_slices(grads[i], ring, after)
         return grads
 
-    flavor.wrap_apply(optimizer, mean_of)
+    flavor.wrap_step(optimizer, lambda apply, grads, variables: apply(mean_of(grads, variables), variables))
     return {"bytes_per_pack": options.get("bytes_per_pack", PACK_BYTES),
             "compression": options.get("compression", "none"), "encryption": ring.encryption or "none"}
 
@@ -81,7 +81,7 @@ def _gathered_slices(grad, ring, after):
     return tf.IndexedSlices(values, tf.reshape(indices, [-1]), grad.dense_shape), [indices]
 
 
-def _shaped(grad, variables, index):
+def shaped(grad, variables, index):
     """``grad`` with its variable's static shape when its own is not known as traced (a slice's gradient
     where the batches' sequence length is dynamic, as a preprocessor makes them): packs need sizes."""
     if grad.shape.is_fully_defined() or variables is None:
@@ -89,7 +89,7 @@ def _shaped(grad, variables, index):
     return tf.reshape(grad, variables[index].shape)
 
 
-def _packs(gradients, pack_bytes):
+def packs(gradients, pack_bytes):
     """``gradients`` ((index, tensor) in order) in runs of at most ``pack_bytes`` of float32 (a larger one alone)."""
     packs, size = [], 0
     for index, grad in gradients:

@@ -10,12 +10,16 @@ Keras (ring_hooks.py):
 - the callbacks that keep the workers one model (a call's logs made global, the moving statistics averaged,
   a stop agreed).
 
+With ``communication={"shard": "optimizer"}``, each worker holds the optimizer's state of its own variables
+only, and a step reduce-scatters the gradients and all-gathers the updated weights (sharded_update.py).
+
 No distribution strategy and no TensorFlow server: each worker trains its own copy of the model on its shard,
 in the model's Keras. Imported only in training processes.
 """
 
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from tfbarrier import settings
@@ -23,6 +27,7 @@ from tfbarrier.exchange.base import WorkerSide
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
                                            exchange_gradients, sum_metrics)
+from tfbarrier.exchange.sharded_update import owners, shard_updates
 
 
 class RingSide(WorkerSide):
@@ -35,17 +40,33 @@ class RingSide(WorkerSide):
         finally:
             config["listener"].close()  # the ring is made: from here on this process listens on no port
         self.exchange, self.size, self.collective = exchange, self.ring.size, self.ring
+        self.options = job.communication
         self.input_context = tf.distribute.InputContext(num_input_pipelines=self.size, input_pipeline_id=index,
                                                         num_replicas_in_sync=self.size)
         self.exchanged, self.sent = set(), None  # the variables whose gradients cross (ids), as the step is traced
+        self.owner = None  # {id(variable): its owner's rank}, where each worker holds a shard of the optimizer's state
+
+    def optimizer_variables(self, model):
+        if (self.options or {}).get("shard", "none") == "none":
+            return model.trainable_variables
+        self.owner = owners(model.trainable_variables, self.size)
+        self.owned = [v for v in model.trainable_variables if self.owner[id(v)] == self.ring.rank]
+        self.shards_optimizer = True
+        return self.owned
 
     def hook(self, model, flavor, job):
         drawn = job.model.drawn_by_each_worker(model)
         if drawn:  # the chief's values to every worker (the strategy gives every variable worker 0's initial value)
             self.ring.broadcast_variables(drawn)
         model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
-        self.sent = exchange_gradients(model.optimizer, self.ring, flavor, job.communication, self.exchanged,
-                                       last_layers_first=self.exchange.last_layers_first)
+        if self.owner is None:
+            self.sent = exchange_gradients(model.optimizer, self.ring, flavor, job.communication, self.exchanged,
+                                           last_layers_first=self.exchange.last_layers_first)
+        else:
+            self.sent = shard_updates(model.optimizer, self.ring, flavor, self.owner, job.communication,
+                                      self.exchanged, last_layers_first=self.exchange.last_layers_first)
+            # the weights whose optimizer state this worker holds
+            self.sent["state_of_weights"] = sum(int(np.prod(tuple(v.shape))) for v in self.owned)
         sum_metrics(model, self.ring, flavor.metrics_reader)
 
     def dataset(self, make):

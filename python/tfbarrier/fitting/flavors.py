@@ -13,6 +13,7 @@ import os
 import numpy as np
 import tf_keras
 
+from tfbarrier.errors import ModelError
 from tfbarrier.fitting import evaluation, optimizers, pacing, training
 from tfbarrier.fitting.ring_checkpoints import fit_plan
 from tfbarrier.models.model_spec import keras_flavor
@@ -36,10 +37,18 @@ class Keras3:
         self.keras = keras
         self.metrics_reader = "_get_metrics_result_or_logs"  # what Keras 3's fit reads an epoch's results with
 
-    def prepared(self, model, distribution):
-        """``model`` (built by its spec) ready to train: its optimizer's slots made, its updates fused."""
+    def prepared(self, model, distribution, variables):
+        """``model`` (built by its spec) ready to train: its optimizer's slots made for ``variables`` (those whose
+        state this worker holds: every trainable one unless the exchange shards it), its updates fused."""
+        if model.optimizer.built and len(variables) < len(model.trainable_variables):
+            if int(model.optimizer.iterations.numpy()):
+                raise ModelError("communication={'shard': 'optimizer'} cannot shard an optimizer that has stepped "
+                                 "already (a model saved with its optimizer's state): compile the model again, or "
+                                 "drop the shard")
+            # built by Keras's load with slots for every weight, all still zero: made again for this worker's
+            model.optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
         if not model.optimizer.built:  # its slots now, for a checkpoint to restore into
-            model.optimizer.build(model.trainable_variables)
+            model.optimizer.build(variables)
         optimizers.fuse_keras3_updates(model.optimizer)
         return model
 
@@ -63,13 +72,15 @@ class Keras3:
     def validation(self, dataset, steps, collective, every):
         return evaluation.Keras3Validation(dataset, steps, collective, every)
 
-    def wrap_apply(self, optimizer, mean_of):
+    def wrap_step(self, optimizer, step):
+        """Make ``optimizer``'s update ``step(apply, grads, variables)``, where ``apply(grads, variables)`` is its
+        own (``variables`` None: every one it updates)."""
         apply = optimizer.apply
 
-        def apply_mean(grads, trainable_variables=None):  # None: every variable the optimizer updates
-            return apply(mean_of(list(grads), trainable_variables), trainable_variables)
+        def apply_step(grads, trainable_variables=None):
+            return step(apply, list(grads), trainable_variables)
 
-        optimizer.apply = apply_mean
+        optimizer.apply = apply_step  # what apply_gradients calls, on this instance only
 
     def write_trained(self, job, model, workdir, is_chief):
         """(the chief's ``.keras`` archive for the driver, the weights' checksum); with adapters, which no
@@ -91,8 +102,8 @@ class TfKeras(Keras3):
         self.keras = tf_keras
         self.metrics_reader = "_validate_and_get_metrics_result"  # tf_keras's fit's, at an epoch's end
 
-    def prepared(self, model, distribution):
-        optimizers.build(model, distribution)
+    def prepared(self, model, distribution, variables):
+        optimizers.build(model, distribution, variables)
         optimizers.fuse_updates(model)
         return model
 
@@ -117,14 +128,15 @@ class TfKeras(Keras3):
     def validation(self, dataset, steps, collective, every):
         return evaluation.Validation(dataset, steps, every, collective)
 
-    def wrap_apply(self, optimizer, mean_of):
+    def wrap_step(self, optimizer, step):
         apply_gradients = optimizer.apply_gradients
 
-        def apply_mean(grads_and_vars, *args, **kwargs):
+        def apply_step(grads_and_vars, *args, **kwargs):
             grads, variables = zip(*grads_and_vars)
-            return apply_gradients(list(zip(mean_of(list(grads), variables), variables)), *args, **kwargs)
+            return step(lambda grads, variables: apply_gradients(list(zip(grads, variables)), *args, **kwargs),
+                        list(grads), variables)
 
-        optimizer.apply_gradients = apply_mean  # what minimize() calls, on this instance only
+        optimizer.apply_gradients = apply_step  # what minimize() calls, on this instance only
 
     def write_trained(self, job, model, workdir, is_chief):
         return training.write_trained(job, model, workdir, is_chief)

@@ -94,9 +94,10 @@ def prepare(files, started, arguments):
                                                            a["allow_unencrypted"], started, a["tf_threads"], exchange_for)
     gpus.check_batch(fields["batch_size"], num_workers, gpus_per_worker)
     rows = fields["batch_size"] // num_workers
-    memory.check_on_driver(spark, spec.size, rows, num_workers, chosen)  # as far as the model alone tells
+    sharded = (communication or {}).get("shard", "none") != "none"
+    memory.check_on_driver(spark, spec.size, rows, num_workers, chosen, sharded)  # as far as the model alone tells
     frame, source, profile = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
-    _check_memory_of_sequences(spark, spec, model, layout.widths(profile), rows, num_workers, chosen)
+    _check_memory_of_sequences(spark, spec, model, layout.widths(profile), rows, num_workers, chosen, sharded)
     job = FitJob(model=spec, layout=layout, source=source,
                  callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
                  checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), exchange=chosen,
@@ -143,13 +144,13 @@ def _validation_and_saving(validation_data, validation_split, validation_freq, f
                              "validation_split": validation_split, "validation_freq": validation_freq,
                              "save_to": save_to, "save_best": save_best, "save_mode": save_mode}
 
-def _check_memory_of_sequences(spark, spec, model, widths, rows, num_workers, exchange):
+def _check_memory_of_sequences(spark, spec, model, widths, rows, num_workers, exchange, sharded):
     """Check again, what a step keeps traced, a model whose layers hide their sizes until the data's ``widths``
     tell them (a sequence's length): ``spec.size`` then carries the traced sizes to the training processes."""
     sized = spec.size and spec.size.with_widths(model, memory.input_shapes(model, widths))
     if sized is not spec.size:
         spec.size = sized
-        memory.check_on_driver(spark, sized, rows, num_workers, exchange)
+        memory.check_on_driver(spark, sized, rows, num_workers, exchange, sharded)
 
 
 def _training_frame(data, layout, num_workers, input_shape, validation_data=None):

@@ -24,10 +24,12 @@ from tfbarrier import keras_helpers
 FUSED_DTYPES = (tf.float32, tf.float64)
 
 
-def build(model, strategy):
-    """Make ``model``'s optimizer's slots now (tf_keras's optimizers; a legacy one makes its slots as it
-    goes), without plain SGD's unused momentum."""
-    optimizer, variables = keras_helpers.inner_optimizer(model.optimizer), model.trainable_variables
+def build(model, strategy, variables=None):
+    """Make ``model``'s optimizer's slots now for ``variables`` (None: every trainable one; fewer where the
+    exchange shards the optimizer's state), for tf_keras's optimizers (a legacy one makes its slots as it goes),
+    without plain SGD's unused momentum."""
+    optimizer = keras_helpers.inner_optimizer(model.optimizer)
+    variables = model.trainable_variables if variables is None else variables
     if not isinstance(optimizer, tf_keras.optimizers.Optimizer):
         return
     with keras_helpers.initial_values_local(strategy):

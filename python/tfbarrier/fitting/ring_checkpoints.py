@@ -5,7 +5,9 @@ The same files in ``<checkpoint_dir>/state`` (a TensorFlow checkpoint ``ckpt-N``
 optimizer, the epoch and step; ``ckpt-N.json`` written before it: epoch, step, steps_done, rows, the
 epoch's metric sums so far), read by checkpoints.resume_point. Every worker holds the same weights and
 optimizer state, so the chief alone writes them; the metric sums are every worker's, summed over the ring
-first, and the save ends when every worker has passed it on the ring.
+first, and the save ends when every worker has passed it on the ring. Where each worker holds a shard of the
+optimizer's state (``sharded``: communication's ``shard``), each writes its own in ``state/shard-<index>`` first,
+the chief's checkpoint then holds the weights alone, and a resumed worker reads its own shard back.
 
 Keras 3's ``fit`` starts only at an epoch's first step (it has no mid-epoch hook like tf_keras's
 ``_training_state``, which this callback is for a tf_keras model): a resumed attempt runs the rest of the
@@ -24,6 +26,8 @@ import tf_keras
 from tfbarrier import atomic
 from tfbarrier.exchange.ring_hooks import average_moving_statistics
 from tfbarrier.fitting.checkpoints import MAX_KEPT, STATE_DIR, SaveSchedule, metric_variables, start_of
+
+SHARD_DIR_PREFIX = "shard-"  # + a worker's index: its shard of the optimizer's state (communication's shard)
 
 
 def fit_plan(resume, epochs, steps_per_epoch):
@@ -45,10 +49,12 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
     """Saves and restores the training state (see the module); the arguments are checkpoints.Checkpoints'
     and the ``ring``. ``begin_fit`` says where each of the attempt's fits starts."""
 
-    def __init__(self, checkpoint_dir, every, is_chief, worker, resume, batch_rows, steps_per_epoch, ring=None):
+    def __init__(self, checkpoint_dir, every, is_chief, worker, resume, batch_rows, steps_per_epoch, ring=None,
+                 sharded=False):
         super().__init__()
         self.directory = os.path.join(checkpoint_dir, STATE_DIR)
-        self.every, self.is_chief, self.ring = every, is_chief, ring
+        self.every, self.is_chief, self.ring, self.sharded = every, is_chief, ring, sharded
+        self.shard_directory = os.path.join(self.directory, f"{SHARD_DIR_PREFIX}{worker}")
         self.resume, self.batch_rows, self.steps_per_epoch = resume, batch_rows, steps_per_epoch
         self.every_steps = every[1] if every and every[0] == "steps" else None
         self.saves, self.save_seconds, self._calls = 0, 0.0, 0
@@ -69,11 +75,19 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
         self._epoch = tf.Variable(-1, dtype=tf.int64, name="checkpoint_epoch")
         self._step = tf.Variable(-1, dtype=tf.int64, name="checkpoint_step")
         counter = {"train_counter": self.model._train_counter} if hasattr(self.model, "_train_counter") else {}
-        checkpoint = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer, epoch=self._epoch,
-                                         step=self._step, **counter)  # tf_keras's step count (TensorBoard's)
+        state = ({"weights": list(self.model.weights)} if self.sharded  # its optimizer's state is this worker's own
+                 else {"model": self.model, "optimizer": self.model.optimizer})
+        checkpoint = tf.train.Checkpoint(epoch=self._epoch, step=self._step, **state,
+                                         **counter)  # tf_keras's step count (TensorBoard's)
         self._manager = tf.train.CheckpointManager(checkpoint, self.directory, max_to_keep=MAX_KEPT)
+        if self.sharded:  # its shard of the optimizer's state: kept one save longer than the chief's checkpoint
+            shard = tf.train.Checkpoint(optimizer=self.model.optimizer)
+            self._shards = tf.train.CheckpointManager(shard, self.shard_directory, max_to_keep=MAX_KEPT + 1)
         if self.resume is not None:
             self._manager.restore_or_initialize()
+            if self.sharded:
+                saved = os.path.join(self.shard_directory, f"ckpt-{self.resume['steps_done']}")
+                shard.restore(saved).assert_consumed()
         self._started = time.perf_counter()
 
     def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
@@ -116,6 +130,9 @@ class RingCheckpoints(SaveSchedule, tf_keras.callbacks.Callback):
         for (name, _), value in zip(variables, values):
             metrics[name] = total[at:at + value.size].reshape(value.shape).tolist()
             at += value.size
+        if self.sharded:  # every shard written before the chief's save makes this step the one to resume from
+            self._shards.save(checkpoint_number=done)
+            self.ring.all_reduce_sum(np.zeros(1))
         if self.is_chief:
             self._epoch.assign(epoch)
             self._step.assign(step)

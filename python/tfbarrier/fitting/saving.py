@@ -22,6 +22,7 @@ import tf_keras
 from tfbarrier import atomic
 from tfbarrier.data import text
 from tfbarrier.errors import ModelError
+from tfbarrier.keras_helpers import optimizer_state_left_out
 from tfbarrier.models.model_spec import save_archive
 from tfbarrier.ranking import better
 
@@ -65,6 +66,7 @@ class SaveModel(tf_keras.callbacks.Callback):
             self.keras_thread = concurrent.futures.ThreadPoolExecutor(1, "tfbarrier-save")
         self.rebuilt = None  # that copy, built on the thread at the first save
         self.preprocessor = None  # a text fit's, which the model trains without (text.take_off): saved with it
+        self.sharded = False  # each worker holds a shard of the optimizer's state: archives are saved without it
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.entries is None:  # the first epoch of this attempt
@@ -85,7 +87,7 @@ class SaveModel(tf_keras.callbacks.Callback):
         if self.monitor is not None and not self._improves(logs):
             return
         name = file_name(epoch, best=self.monitor is not None, preset=self.presets)
-        with text.attached(self.model, self.preprocessor):
+        with text.attached(self.model, self.preprocessor), optimizer_state_left_out(self.model, self.sharded):
             archive = None if self.presets else self._archive()
             if self.is_chief and self.presets:
                 _write_preset(self.directory, name, self.model)

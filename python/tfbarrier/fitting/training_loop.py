@@ -21,6 +21,7 @@ from tfbarrier.fitting import training
 from tfbarrier.fitting.checkpoints import Checkpoints, resume_point, start_of
 from tfbarrier.fitting.flavors import flavor_of
 from tfbarrier.fitting.ring_checkpoints import RingCheckpoints
+from tfbarrier.keras_helpers import optimizer_state_left_out
 from tfbarrier.models import memory
 from tfbarrier.results import FitOutput, ProcessReport
 
@@ -38,12 +39,15 @@ def train(job, config, channel):
         job.layout.check_input(input_shape, shard.width)
         resume = resume_point(job.checkpoint_dir)
         timings = {"strategy_and_model": time.time() - started}
-        checkpoints = functools.partial(RingCheckpoints, ring=side.collective) if side.collective else Checkpoints
+        checkpoints = (functools.partial(RingCheckpoints, ring=side.collective, sharded=side.shards_optimizer)
+                       if side.collective else Checkpoints)
         progress, epoch_log, saver, saves, callbacks = training.make_callbacks(
             channel, job, workdir, index, resume=resume, batch_rows=job.batch_size // side.size,
             steps_per_epoch=steps_per_epoch, keras=flavor.keras, checkpoints=checkpoints,
             resumes_in_fit=flavor.keras is tf_keras)
         shard = _preprocessed(job, model, shard, saver)
+        if saver is not None:
+            saver.sharded = side.shards_optimizer
         validation = training.validation_dataset(job, config, input_shape, shard, side.dataset)
         if validation is not None:  # first: every later callback sees its val_*
             callbacks = [flavor.validation(*validation, side.collective, every=job.validation_freq), *callbacks]
@@ -59,8 +63,9 @@ def train(job, config, channel):
     if saves is not None:
         timings["checkpoints"] = saves.save_seconds
     model = _whole(model, shard)
-    files, checksum, finished_at = training.wrap_up(progress, started, timings, memory_mb,
-                                                    lambda: flavor.write_trained(job, model, workdir, index == 0))
+    with optimizer_state_left_out(model, side.shards_optimizer):
+        files, checksum, finished_at = training.wrap_up(progress, started, timings, memory_mb,
+                                                        lambda: flavor.write_trained(job, model, workdir, index == 0))
     output = FitOutput(
         steps=progress.steps, checksum=checksum, first_step_at=progress.first_step_at, memory=memory_mb,
         steps_per_execution=flavor.steps_per_execution(model), communication=side.communication(model),
@@ -83,12 +88,15 @@ def _model(job, workdir, side, config, widths):
         # a model spec's variables are made per replica of the strategy it is given
         model = job.model.build(workdir) if side.distribution is None else job.model.build(workdir, side.distribution)
         flavor = flavor_of(model)
-        model = flavor.prepared(model, side.distribution)
+        model = flavor.prepared(model, side.distribution, side.optimizer_variables(model))
         side.hook(model, flavor, job)
     baseline_mb, _ = training.resident_mb()
     if job.memory_check:
-        memory.check_on_host(memory.ModelSize.of_trained(model, job, widths), job.batch_size // side.size,
-                             config["workers_on_host"], int((baseline_mb - tensorflow_mb) * 2**20))
+        size = memory.ModelSize.of_trained(model, job, widths)
+        if side.shards_optimizer:
+            size = size.sharded(side.size)
+        memory.check_on_host(size, job.batch_size // side.size, config["workers_on_host"],
+                             int((baseline_mb - tensorflow_mb) * 2**20))
     return model, flavor, {"tensorflow_mb": tensorflow_mb, "baseline_mb": baseline_mb}
 
 

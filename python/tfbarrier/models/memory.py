@@ -100,6 +100,8 @@ class ModelSize:
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
     archive: bool = False  # built from a ``.keras`` archive, which leaves its weights' size held besides them
     pooled: bool = False  # trains without oneDNN, in TensorFlow's BFC pool (POOLED_SGD_COPIES)
+    largest: int = 0  # bytes of the largest trainable variable (one worker holds its slots, sharded or not)
+    slot_share: float = 1.0  # the share of the slots a worker holds (communication's shard: about 1/N)
 
     @classmethod
     def of(cls, model, exchange=None, kept=None, native=False, archive=False):
@@ -108,7 +110,15 @@ class ModelSize:
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
-                   exchange=exchange, kept=kept, native=native, archive=archive, pooled=onednn_on() is not True)
+                   exchange=exchange, kept=kept, native=native, archive=archive, pooled=onednn_on() is not True,
+                   largest=max([_bytes([v]) for v in model.trainable_weights] or [0]))
+
+    def sharded(self, workers):
+        """This size where ``workers`` share the optimizer's slots (communication's shard): each variable's slots
+        on one worker, balanced by size (exchange/sharded_update.owners), so a worker holds about 1/N of them,
+        or the largest variable's where that is more."""
+        share = max(1 / workers, self.largest / self.trainable if self.trainable else 1.0)
+        return dataclasses.replace(self, slot_share=min(1.0, share))
 
     @classmethod
     def of_trained(cls, model, job, widths=None):
@@ -144,9 +154,13 @@ class ModelSize:
         return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),
                 "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
                 "the weights as its archive loaded them": self.weights if self.archive else 0,
-                f"{self.optimizer}'s slots ({self.slots} per weight)": self.slots * self.trainable,
+                f"{self.optimizer}'s slots ({self.slots} per weight{self._held()})": int(
+                    self.slots * self.trainable * self.slot_share),
                 "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
                 "a batch": self.inputs * rows}
+
+    def _held(self):
+        return "" if self.slot_share == 1.0 else f", {self.slot_share:.0%} of them on this worker"
 
     def worker_bytes(self, rows):
         return sum(self.parts(rows).values())
@@ -328,11 +342,14 @@ def executor_budget(spark, num_workers):
     return None
 
 
-def check_on_driver(spark, size, rows, num_workers, exchange=None):
+def check_on_driver(spark, size, rows, num_workers, exchange=None, sharded=False):
     """Refuse, before the stage, a model whose workers cannot fit where the driver can tell, its gradients
-    travelling by ``exchange`` (None: tfbarrier's ring)."""
+    travelling by ``exchange`` (None: tfbarrier's ring), the optimizer's slots shared by the workers where
+    ``sharded``."""
     if size is None or not enabled(spark.conf.get):
         return
+    if sharded:
+        size = size.sharded(num_workers)
     budget = executor_budget(spark, num_workers)
     if budget is None:
         return

@@ -1,0 +1,105 @@
+"""The optimizer's state sharded over the ring (issue 74; communication={"shard": "optimizer"}) beside today's
+replicated state: MLPs of the large-model bench's shape (input 1024, two hidden layers, 10 outputs) trained with
+Adam by 2 and 4 workers on one local[N] Spark, the two contenders in turn, round by round.
+
+Per fit it records each training process's peak resident memory (``result.workers[i]["memory"]``: its peak, and
+its growth over TensorFlow's baseline before the model), and the steps per second of the fit's training (its
+steps over ``timings["training"]``, which leaves out the first call's trace). The table gives the medians over
+rounds of the workers' largest peak, and each ratio to the replicated fit of the same model and workers.
+
+    .venv/bin/python bench/sharded_bench.py [--rounds 2] [--models mlp61:2 mlp61:4 mlp250:2]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+import harness  # noqa: E402
+
+harness.local_spark_env()
+
+INPUT, OUTPUTS, BATCH, STEPS = 1024, 10, 64, 8
+HIDDEN = {"mlp61": 7310, "mlp250": 15300}  # 61 M and 250 M parameters (large_model_bench's)
+CONTENDERS = {"replicated": {}, "sharded": {"shard": "optimizer"}}
+
+
+def build(hidden):
+    import keras
+
+    model = keras.Sequential([keras.Input((INPUT,)), keras.layers.Dense(hidden, activation="relu"),
+                              keras.layers.Dense(hidden, activation="relu"), keras.layers.Dense(OUTPUTS)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def driver(model_name, workers, rounds):
+    """In a process of its own (one Spark of ``workers`` slots): the rounds of both contenders, as JSON lines."""
+    import numpy as np
+    import pandas as pd
+
+    import tfbarrier
+
+    spark = harness.local_spark(**{"spark.master": f"local[{workers}]"})
+    rng = np.random.default_rng(0)
+    rows = BATCH * STEPS
+    frame = pd.DataFrame({"x": list(rng.random((rows, INPUT), dtype=np.float32)), "y": rng.integers(0, OUTPUTS, rows)})
+    df = spark.createDataFrame(frame).repartition(workers).cache()
+    df.count()
+    for number in range(rounds):
+        for name, communication in CONTENDERS.items():
+            harness.settle()
+            result = tfbarrier.fit(df, build(HIDDEN[model_name]), features="x", label="y", batch_size=BATCH,
+                                   num_workers=workers, epochs=1, communication=communication, verbose=0)
+            peaks = [w["memory"]["peak_mb"] for w in result.workers]
+            growth = [w["memory"]["peak_mb"] - w["memory"]["tensorflow_mb"] for w in result.workers]
+            chief = result.workers[0]
+            print("ROUND " + json.dumps({"round": number, "contender": name, "peak_mb": max(peaks),
+                                         "growth_mb": max(growth),
+                                         "steps_per_second": chief["steps"] / chief["timings"]["training"]}),
+                  flush=True)
+    spark.stop()
+
+
+def table(runs):
+    lines = ["| model, workers | contender | worker's peak MB | its growth over TensorFlow MB | peak / replicated "
+             "| steps/s | steps/s / replicated |", "|---|---|---|---|---|---|---|"]
+    for (model_name, workers), rounds in runs.items():
+        medians = {name: {metric: statistics.median(r[metric] for r in rounds if r["contender"] == name)
+                          for metric in ("peak_mb", "growth_mb", "steps_per_second")} for name in CONTENDERS}
+        base = medians["replicated"]
+        for name, m in medians.items():
+            lines.append(f"| {model_name}, {workers} | {name} | {m['peak_mb']:,.0f} | {m['growth_mb']:,.0f} | "
+                         f"{m['peak_mb'] / base['peak_mb']:.2f} | {m['steps_per_second']:.2f} | "
+                         f"{m['steps_per_second'] / base['steps_per_second']:.2f} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=["mlp61:2", "mlp61:4"])
+    parser.add_argument("--driver", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.driver:
+        model_name, workers = args.driver.split(":")
+        return driver(model_name, int(workers), args.rounds)
+    runs = {}
+    for spec in args.models:
+        model_name, workers = spec.split(":")
+        out = subprocess.run([sys.executable, __file__, "--driver", spec, "--rounds", str(args.rounds)],
+                             capture_output=True, text=True, check=True).stdout
+        runs[(model_name, int(workers))] = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("ROUND ")]
+        print(spec, runs[(model_name, int(workers))], flush=True)
+    harness.write_section("sharded-optimizer", "### The optimizer's state sharded over the ring\n\n"
+                          "Adam, global batch 64, 8 steps a fit; medians over rounds, the contenders in turn "
+                          "(`bench/sharded_bench.py`).\n\n" + table(runs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""communication={"shard": "optimizer"} over tfbarrier's ring (exchange/sharded_update.py): each worker holds the
+optimizer's state of its own share of the weights, and the fit still ends as one process's would: the same
+weights and history, for tf_keras and Keras 3 models and the optimizers people compile with (momentum, Adam,
+AdamW with a schedule and clipping by the global norm, which must be every shard's)."""
+
+import numpy as np
+import pytest
+from test_native import (GLOBAL_BATCH, Gate, huberish, line_df, one_process,  # noqa: F401 - line_df: a fixture
+                         resumes_as_if_uninterrupted, trained_as_one_process)
+
+import tfbarrier
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda k: k.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda k: k.optimizers.Adam(0.01),
+    # the schedule halves the rate every 3 steps; a norm of 0.05 clips every step's gradients
+    "adamw_schedule_global_clipnorm": lambda k: k.optimizers.AdamW(
+        k.optimizers.schedules.ExponentialDecay(0.02, 3, 0.5), weight_decay=0.1, global_clipnorm=0.05),
+}
+
+
+def tf_keras_model(optimizer):
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(11)
+    model = tf_keras.Sequential([tf_keras.Input((8,)), tf_keras.layers.Dense(16, activation="tanh"),
+                                 tf_keras.layers.Dense(8, activation="tanh"), tf_keras.layers.Dense(1)])
+    model.compile(optimizer=OPTIMIZERS[optimizer](tf_keras), loss="mse", metrics=["mae"])
+    return model
+
+
+def keras3_model(optimizer):  # a custom layer: it trains natively, in Keras 3
+    import keras
+
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((8,))
+    hidden = Gate()(keras.layers.Dense(16)(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, activation="tanh")(hidden)))
+    model.compile(optimizer=OPTIMIZERS[optimizer](keras), loss=huberish, metrics=["mae"])
+    return model
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("make", [tf_keras_model, keras3_model], ids=["tf_keras", "keras3"])
+def test_two_workers_holding_half_the_optimizer_state_each_train_as_one_process(spark, line_df, make,  # noqa: F811
+                                                                                 optimizer, tmp_path):
+    model, reference = make(optimizer), make(optimizer)
+    result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
+                           num_workers=2, shuffle=False, communication={"shard": "optimizer"}, save_to=str(tmp_path),
+                           verbose=0)
+    history = one_process(reference, epochs=2)
+
+    trained_as_one_process(result, model, reference, history)
+    held = [w["communication"]["state_of_weights"] for w in result.workers]
+    assert sum(held) == model.count_params() and 0 < min(held), held  # each its share, together every weight
+    saved = saved_model(tmp_path / "epoch-002.keras", make)  # no worker holds the optimizer's whole state: none
+    assert int(saved.optimizer.iterations.numpy()) == 0  # (a shard of it would say 12 steps)
+    for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
+        np.testing.assert_array_equal(trained, kept)
+
+
+def saved_model(path, make):
+    if make is tf_keras_model:
+        import tf_keras
+
+        return tf_keras.models.load_model(path)
+    import keras
+
+    return keras.saving.load_model(path, custom_objects={"Gate": Gate, "huberish": huberish})
+
+
+@pytest.mark.parametrize("make", [tf_keras_model, keras3_model], ids=["tf_keras", "keras3"])
+def test_a_worker_killed_mid_epoch_resumes_from_every_workers_shard_as_if_uninterrupted(spark, line_df, make,  # noqa: F811
+                                                                                        tmp_path):
+    def fit(**kwargs):
+        return tfbarrier.fit(line_df, make("adam"), features="x", label="y", epochs=3, batch_size=GLOBAL_BATCH,
+                             num_workers=2, seed=7, verbose=0, communication={"shard": "optimizer"}, **kwargs)
+
+    resumes_as_if_uninterrupted(fit, tmp_path)
