@@ -12,6 +12,8 @@ new_fit <- function(result, features) {
     row$steps_per_execution <- w$steps_per_execution  # the steps per call it ended with
     row$exchange <- w$communication$exchange  # how its gradients travelled: "tfbarrier" (the ring) or "strategy"
     row$compression <- if (is.null(w$communication$compression)) "none" else w$communication$compression
+    # the weights whose optimizer state it held: all of them, unless communication's shard split them
+    row$state_of_weights <- if (is.null(w$communication$state_of_weights)) NA_real_ else w$communication$state_of_weights
     row$files_via <- w$transfer$via  # how the model's files reached it: "driver link" (outside Spark) or "spark"
     row$files_mb <- w$transfer$fetched_bytes / 2^20
     row

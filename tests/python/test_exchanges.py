@@ -59,11 +59,9 @@ def test_old_spellings_map_to_the_exchange_they_meant_with_a_warning(old, new, w
 
 
 def test_every_registered_exchange_answers_for_itself():
-    import importlib.util
-
     for name, exchange in exchanges.EXCHANGES.items():
         assert exchange.name == name and exchange.step_copies > 0
-        assert importlib.util.find_spec(exchange.trainer) is not None, exchange.trainer
+        assert type(exchange).join is not exchanges.Exchange.join, f"{name} has no side in a training process"
         assert exchange.describe({"bytes_per_pack": 1})["bytes_per_pack"] == 1
 
 

@@ -31,10 +31,13 @@ test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG 
   model$compile(optimizer = "adam", loss = keras$losses$SparseCategoricalCrossentropy(from_logits = TRUE))
   fit <- spark_tf_fit(sdf, model, features = "content", label = "digit", epochs = 1, batch_size = 32,
                       num_workers = 2, verbose = 0, steps_per_execution = 2,
-                      communication = list(compression = "fp16"), spark = spark)
+                      communication = list(compression = "fp16", shard = "optimizer"), spark = spark)
   expect_equal(sum(fit$workers$rows), 200)
   expect_equal(fit$workers$steps_per_execution, c(2, 2))
   expect_equal(fit$workers$compression, c("fp16", "fp16"))
+  # each worker held Adam's state of its share of the weights: together, every weight once
+  expect_equal(sum(fit$workers$state_of_weights), reticulate::py_to_r(model$count_params()))
+  expect_true(all(fit$workers$state_of_weights > 0))
 
   scored <- spark_tf_predict(sdf, fit, spark = spark)$select("prediction")$toPandas()
   expect_equal(nrow(scored), 200)
