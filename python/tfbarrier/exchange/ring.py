@@ -188,14 +188,15 @@ class Ring:
     def reduce_scatter(self, flat, sizes):
         """This process's chunk of the sum of every process's ``flat`` (a 1-D array, the same length and dtype
         everywhere), cut into chunks of ``sizes`` (one per rank, in rank order; any may be 0): chunk ``rank``,
-        summed. The first half of ``all_reduce_sum``, with the chunk each process ends with chosen."""
-        chunks = np.split(np.array(flat, copy=True), np.cumsum(sizes)[:-1])
+        summed, a copy of its own (``flat``, summed into where it is writable, is left to be freed). The first
+        half of ``all_reduce_sum``, with the chunk each process ends with chosen."""
+        chunks = np.split(np.require(flat, requirements=("C", "W")).reshape(-1), np.cumsum(sizes)[:-1])
         for step in range(self.size - 1):  # chunk (rank - 1 - step) goes right; rank's own ends whole here
             send, receive = (self.rank - step - 1) % self.size, (self.rank - step - 2) % self.size
             incoming = self._incoming(chunks[receive])
             self._exchange(chunks[send], into=incoming)
             chunks[receive] += incoming
-        return chunks[self.rank]
+        return chunks[self.rank].copy()
 
     def all_gather_chunks(self, mine, sizes):
         """Every process's chunk (``mine`` here, of ``sizes[rank]`` values) joined in rank order, on every
