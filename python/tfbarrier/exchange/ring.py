@@ -188,26 +188,32 @@ class Ring:
     def reduce_scatter(self, flat, sizes):
         """This process's chunk of the sum of every process's ``flat`` (a 1-D array, the same length and dtype
         everywhere), cut into chunks of ``sizes`` (one per rank, in rank order; any may be 0): chunk ``rank``,
-        summed, a copy of its own (``flat``, summed into where it is writable, is left to be freed). The first
-        half of ``all_reduce_sum``, with the chunk each process ends with chosen."""
+        summed into ``flat`` where it is writable: ``flat`` itself where the chunk is all of it, else a copy of the
+        chunk alone, so that the rest is freed. The first half of ``all_reduce_sum``, with the chunk each process
+        ends with chosen."""
         chunks = np.split(np.require(flat, requirements=("C", "W")).reshape(-1), np.cumsum(sizes)[:-1])
         for step in range(self.size - 1):  # chunk (rank - 1 - step) goes right; rank's own ends whole here
             send, receive = (self.rank - step - 1) % self.size, (self.rank - step - 2) % self.size
             incoming = self._incoming(chunks[receive])
             self._exchange(chunks[send], into=incoming)
             chunks[receive] += incoming
-        return chunks[self.rank].copy()
+        mine = chunks[self.rank]
+        return mine if mine.size == flat.size else mine.copy()
 
     def all_gather_chunks(self, mine, sizes):
-        """Every process's chunk (``mine`` here, of ``sizes[rank]`` values) joined in rank order, on every
-        process: the second half of ``all_reduce_sum``."""
-        whole = np.empty(int(np.sum(sizes)), np.asarray(mine).dtype)
-        chunks = np.split(whole, np.cumsum(sizes)[:-1])  # views into ``whole``
-        chunks[self.rank][...] = mine
+        """The other processes' chunks (each process's of ``sizes[rank]`` values; ``mine`` is this one's),
+        joined in rank order, on every process: the second half of ``all_reduce_sum``. This process's own is
+        sent as it lies and not returned (a process that holds all of it gets an empty array)."""
+        mine = np.asarray(mine)
+        others = np.empty(int(np.sum(sizes)) - sizes[self.rank], mine.dtype)
+        bounds = np.cumsum([0] + [size for rank, size in enumerate(sizes) if rank != self.rank])
+        chunks = [mine if rank == self.rank else others[bounds[rank - (rank > self.rank)]:
+                                                        bounds[rank - (rank > self.rank) + 1]]
+                  for rank in range(self.size)]  # views into ``others``
         for step in range(self.size - 1):
             send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
             self._exchange(chunks[send], into=chunks[receive])
-        return whole
+        return others
 
     def all_gather(self, array):
         """Every process's ``array`` (same shape and dtype everywhere) stacked in rank order, on every process:

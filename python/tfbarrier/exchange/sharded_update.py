@@ -91,26 +91,27 @@ def _reduce_scattered(ranked, variables, owner, ring, dtype, share):
                                       stateful=True)
         after = [chunk]
         owned = [(index, grad) for index, grad in pack if owner[id(variables[index])] == ring.rank]
-        pieces = tf.split(chunk, [grad.shape.num_elements() for _, grad in owned]) if owned else []
+        pieces = [chunk] if len(owned) == 1 else tf.split(chunk, [grad.shape.num_elements() for _, grad in owned])
         for (index, grad), piece in zip(owned, pieces):
             mine[index] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
     return mine, after
 
 
 def _all_gathered(ranked, variables, owner, ring):
-    """Every variable of the packs given its owner's updated value (in the owners' widest float)."""
+    """Every variable of the packs another worker owns given its owner's updated value (in the pack's widest
+    float); this worker's own values are sent as they lie."""
     for pack in ranked:
         sizes = _sizes(pack, variables, owner, ring.size)
         held = [variables[index] for index, _ in pack]
         dtype = tf.float64 if any(tf.as_dtype(v.dtype) == tf.float64 for v in held) else tf.float32
-        ours = [tf.reshape(tf.cast(tf.convert_to_tensor(v), dtype), [-1]) for v in held
-                if owner[id(v)] == ring.rank]
-        ours = tf.concat(ours, 0) if ours else tf.zeros([0], dtype)
-        whole = tf.numpy_function(lambda values, sizes=sizes: ring.all_gather_chunks(values, sizes), [ours], dtype,
-                                  stateful=True)
-        for variable, value in zip(held, tf.split(whole, [int(np.prod(tuple(v.shape))) for v in held])):
-            if owner[id(variable)] != ring.rank:
-                variable.assign(tf.cast(tf.reshape(value, tuple(variable.shape)), variable.dtype))
+        ours = [tf.reshape(tf.cast(tf.convert_to_tensor(v), dtype), [-1]) for v in held if owner[id(v)] == ring.rank]
+        ours = ours[0] if len(ours) == 1 else tf.concat(ours, 0) if ours else tf.zeros([0], dtype)
+        others = tf.numpy_function(lambda values, sizes=sizes: ring.all_gather_chunks(values, sizes), [ours], dtype,
+                                   stateful=True)
+        theirs = [v for v in held if owner[id(v)] != ring.rank]
+        values = tf.split(others, [int(np.prod(tuple(v.shape))) for v in theirs]) if len(theirs) > 1 else [others]
+        for variable, value in zip(theirs, values):
+            variable.assign(tf.cast(tf.reshape(value, tuple(variable.shape)), variable.dtype))
 
 
 def _clipped(grads, clipnorm, ring, after):
