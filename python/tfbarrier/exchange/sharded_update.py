@@ -91,7 +91,7 @@ def _reduce_scattered(ranked, variables, owner, ring, dtype, share):
                                       stateful=True)
         after = [chunk]
         owned = [(index, grad) for index, grad in pack if owner[id(variables[index])] == ring.rank]
-        pieces = [chunk] if len(owned) == 1 else tf.split(chunk, [grad.shape.num_elements() for _, grad in owned])
+        pieces = tf.split(chunk, [grad.shape.num_elements() for _, grad in owned]) if len(owned) > 1 else [chunk]
         for (index, grad), piece in zip(owned, pieces):
             mine[index] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
     return mine, after
