@@ -36,7 +36,7 @@ test_that("spark_tf_fit and spark_tf_predict take a binaryFile directory of PNG 
   expect_equal(fit$workers$steps_per_execution, c(2, 2))
   expect_equal(fit$workers$compression, c("fp16", "fp16"))
   # each worker held Adam's state of its share of the weights: together, every weight once
-  expect_equal(sum(fit$workers$state_of_weights), reticulate::py_to_r(model$count_params()))
+  expect_equal(sum(fit$workers$state_of_weights), model$count_params())
   expect_true(all(fit$workers$state_of_weights > 0))
 
   scored <- spark_tf_predict(sdf, fit, spark = spark)$select("prediction")$toPandas()
