@@ -23,15 +23,7 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, la
     The variables whose gradients crossed are added to ``exchanged`` (their ids) as the step is traced.
     ``last_layers_first=False``: the order before it was (bench/pack_order.py measures what it gains).
     Returns what FitResult.workers reports of it."""
-    options = options or {}
-    pack_bytes = options.get("bytes_per_pack", PACK_BYTES) or float("inf")
-    dtype = tf.float16 if options.get("compression") == "fp16" else tf.float32
-
-    # each worker's share of the mean, a variable: a gradient no data or weight moves (an added loss's, linear in its
-    # weight) is folded into a constant by TensorFlow's graph optimizer, whose buffer every step reuses; multiplied
-    # by a value read at run time, the pack is a buffer of the step's own (a gradient's, reused by the product only
-    # when nothing else reads it), which the sum may overwrite
-    share = tf.Variable(1.0 / ring.size, trainable=False, name="tfbarrier_share")
+    pack_bytes, dtype, share, described = packing(options, ring)
 
     def summed(flat):
         # in place: ``flat`` is this pack's own buffer, and TensorFlow takes the result back without a copy
@@ -61,8 +53,22 @@ def exchange_gradients(optimizer, ring, flavor, options=None, exchanged=None, la
         return grads
 
     flavor.wrap_step(optimizer, lambda apply, grads, variables: apply(mean_of(grads, variables), variables))
-    return {"bytes_per_pack": options.get("bytes_per_pack", PACK_BYTES),
-            "compression": options.get("compression", "none"), "encryption": ring.encryption or "none"}
+    return described
+
+
+def packing(options, ring):
+    """How a step's packs travel, from fit's ``communication`` ``options``: (the most bytes a pack holds, the dtype
+    they travel in, each worker's share of the mean as a variable, what FitResult.workers reports of it)."""
+    options = options or {}
+    # each worker's share of the mean, a variable: a gradient no data or weight moves (an added loss's, linear in its
+    # weight) is folded into a constant by TensorFlow's graph optimizer, whose buffer every step reuses; multiplied
+    # by a value read at run time, the pack is a buffer of the step's own (a gradient's, reused by the product only
+    # when nothing else reads it), which the sum may overwrite
+    share = tf.Variable(1.0 / ring.size, trainable=False, name="tfbarrier_share")
+    return (options.get("bytes_per_pack", PACK_BYTES) or float("inf"),
+            tf.float16 if options.get("compression") == "fp16" else tf.float32, share,
+            {"bytes_per_pack": options.get("bytes_per_pack", PACK_BYTES), "compression": options.get("compression", "none"),
+             "encryption": ring.encryption or "none"})
 
 
 def _gathered_slices(grad, ring, after):

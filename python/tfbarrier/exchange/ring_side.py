@@ -51,8 +51,11 @@ class RingSide(WorkerSide):
             return model.trainable_variables
         self.owner = owners(model.trainable_variables, self.size)
         self.owned = [v for v in model.trainable_variables if self.owner[id(v)] == self.ring.rank]
-        self.shards_optimizer = True
         return self.owned
+
+    @property
+    def shards_optimizer(self):
+        return self.owner is not None
 
     def hook(self, model, flavor, job):
         drawn = job.model.drawn_by_each_worker(model)

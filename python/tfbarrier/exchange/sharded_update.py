@@ -16,8 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbarrier.errors import ModelError
-from tfbarrier.exchange.base import PACK_BYTES
-from tfbarrier.exchange.ring_hooks import packs, shaped
+from tfbarrier.exchange.ring_hooks import packing, packs, shaped
 from tfbarrier.keras_helpers import inner_optimizer
 
 def owners(variables, size):
@@ -38,10 +37,7 @@ def shard_updates(optimizer, ring, flavor, owner, options=None, exchanged=None, 
     again after it (see the module). ``exchanged``: as ring_hooks.exchange_gradients'. Returns what
     FitResult.workers reports of it."""
     _check_shardable(optimizer)
-    options = options or {}
-    pack_bytes = options.get("bytes_per_pack", PACK_BYTES) or float("inf")
-    dtype = tf.float16 if options.get("compression") == "fp16" else tf.float32
-    share = tf.Variable(1.0 / ring.size, trainable=False, name="tfbarrier_share")  # as exchange_gradients' is
+    pack_bytes, dtype, share, described = packing(options, ring)
     clipnorm = _take_global_clipnorm(optimizer)
 
     def step(apply, grads, variables):
@@ -67,8 +63,7 @@ def shard_updates(optimizer, ring, flavor, owner, options=None, exchanged=None, 
         _all_gathered(ranked, variables, owner, ring)
 
     flavor.wrap_step(optimizer, step)
-    return {"bytes_per_pack": options.get("bytes_per_pack", PACK_BYTES), "shard": "optimizer",
-            "compression": options.get("compression", "none"), "encryption": ring.encryption or "none"}
+    return dict(described, shard="optimizer")
 
 
 def _sizes(pack, variables, owner, size):
