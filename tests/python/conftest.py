@@ -52,8 +52,8 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The run's 25 slowest test phases into build/test-durations-pyspark<version>.txt (the same as
-    --durations prints, kept after the log scrolls away): where the suite's time goes, run by run."""
+    """The run's 25 slowest test phases (as --durations prints them) and each file's phases summed, into
+    build/test-durations-pyspark<version>.txt, kept after the log scrolls away: where the suite's time goes."""
     import pyspark
 
     phases = [report for reports in terminalreporter.stats.values() for report in reports
@@ -61,8 +61,14 @@ def pytest_terminal_summary(terminalreporter):
     slowest = sorted(phases, key=lambda report: report.duration, reverse=True)[:25]
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build")
     os.makedirs(root, exist_ok=True)
+    per_file = {}
+    for report in phases:
+        name = report.nodeid.split("::")[0]
+        per_file[name] = per_file.get(name, 0.0) + report.duration
     with open(os.path.join(root, f"test-durations-pyspark{pyspark.__version__}.txt"), "w") as f:
         f.writelines(f"{report.duration:8.2f}s {report.when:8} {report.nodeid}\n" for report in slowest)
+        f.write("\nEach file's phases summed:\n")
+        f.writelines(f"{seconds:8.2f}s {name}\n" for name, seconds in sorted(per_file.items(), key=lambda kv: -kv[1]))
 
 
 def succeeded(outcomes, name):
