@@ -1,5 +1,6 @@
 # tfbarrier: `make demo` installs everything (the Python venv, R and the R package) and runs the Python
-# and R demos; `make test` runs every test.
+# and R demos; `make test` runs every test; `make docs` builds the documentation site into site/;
+# `make dist` the wheel, the sdist and the R source package into dist/.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,7 +27,8 @@ VERSION_VENVS := $(foreach v,$(SPARK_VERSIONS),build/venv-spark$(v)/.installed)
 VERSION_TESTS := $(foreach v,$(SPARK_VERSIONS),test-spark-$(v))
 export TFBARRIER_SPARK_PYTHONS := $(abspath $(PY)) $(foreach v,$(SPARK_VERSIONS),$(abspath build/venv-spark$(v)/bin/python))
 
-.PHONY: demo demo-python demo-r test test-start test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r r-build r-install r-deps venv system-deps clean
+.PHONY: demo demo-python demo-r test test-start test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r \
+        test-docs docs docs-deps dist r-build r-install r-deps venv system-deps clean
 
 demo: demo-python demo-r
 
@@ -89,7 +91,8 @@ r-build: $(RPY2_STAMP)
 	rm -rf inst/python build/r-source && mkdir -p inst/python/python build/r-source
 	cp -r python/tfbarrier inst/python/python/ && cp pyproject.toml README.md inst/python/
 	find inst/python -name __pycache__ -prune -exec rm -rf {} +
-	tar -c --exclude-vcs --exclude=./.venv --exclude=./build . | tar -x -C build/r-source
+	tar -c --exclude-vcs --exclude=./.venv --exclude=./build --exclude=./site --exclude=./dist --exclude=./docs/r . \
+	  | tar -x -C build/r-source
 	cd build && R CMD build r-source && rm -rf r-source
 
 # Into R's first library (the site library when run as root): library(tfbarrier) works in any R session
@@ -219,6 +222,32 @@ bench-quick: venv
 	TFBARRIER_BENCH_README=build/bench-quick.md $(PY) bench/predict_bench.py --rows 10000 --large-rows 2000 --rounds 1
 	@echo "bench-quick: build/bench-quick.md"
 
+# The documentation site (mkdocs.yml: MkDocs, Material, mkdocstrings from the docstrings), with the R
+# package's pkgdown site (pkgdown/build.R, _pkgdown.yml) inside it as site/r/, offline, warnings failing
+# either build. Open site/index.html.
+DOCS_DEBS := r-cran-pkgdown r-cran-rmarkdown r-cran-pkgload
+docs: $(STAMP) docs-deps
+	Rscript pkgdown/build.R
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@echo "docs: site/index.html (the R package's site: site/r/index.html)"
+
+docs-deps: | r-deps
+	@Rscript -e 'for (p in c("pkgdown", "rmarkdown", "pkgload")) library(p, character.only = TRUE)' >/dev/null 2>&1 || { \
+	  echo "installing pkgdown from Debian (apt-get)"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DOCS_DEBS); }
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing chromium, which looks at the built site (apt-get)"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+
+# The release's files: the wheel and the sdist (pip and build, each in an isolated build environment), and the
+# R source package r-build makes (its vignette knitted: Spark and TensorFlow run).
+dist: $(STAMP) r-build
+	rm -rf dist && mkdir -p dist
+	$(PIP) wheel -q --no-deps -w dist .
+	$(PY) -m build --sdist --outdir dist .
+	cp $(R_TARBALL) dist/
+	@ls -l dist
+
 venv: system-deps $(STAMP)
 
 # Java for Spark; ip and tc (iproute2) for the multi-host tests (tests/python/support/hosts.py);
@@ -237,11 +266,11 @@ system-deps:
 $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(CONSTRAINTS) -e ".[dev,connect,optuna,mlflow]" "tensorflow-cpu==2.21.*" "tensorboard==2.21.*"
+	$(PIP) install -q $(CONSTRAINTS) -e ".[dev,docs,connect,optuna,mlflow]" "tensorflow-cpu==2.21.*" "tensorboard==2.21.*"
 	$(PIP) install -q $(CONSTRAINTS) --no-deps "tf-keras==2.21.*" "keras-hub==0.32.*" "tensorflow-text==2.21.*"
 	$(PIP) install -q $(CONSTRAINTS) regex rich "kagglehub!=1.0.1" "kagglesdk==0.1.28" sentencepiece tokenizers
 	$(PY) -c "import numpy, pyarrow, pyspark, tensorflow, tf_keras, keras_hub; assert numpy.__version__ < '2'"
 	touch $@
 
 clean:
-	rm -rf $(VENV) *.egg-info python/*.egg-info .pytest_cache build inst/python
+	rm -rf $(VENV) *.egg-info python/*.egg-info .pytest_cache build inst/python site docs/r dist

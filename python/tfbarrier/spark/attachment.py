@@ -229,6 +229,11 @@ def attach(port, secret, *, pin_thread=True, python=None, embedded=False):
     loopback at ``port`` with ``secret``, and return a pyspark SparkSession of its running application
     (its default session: the other program's temporary views are visible, and yours to it).
 
+    The JVM's Spark must be of this pyspark's release (major.minor), else a ClusterError naming both.
+    Attaching again to the same live server returns the same session; a process attached to a JVM that
+    is gone detaches first. ``detach()`` (or ``stop()`` on the session) leaves the JVM's SparkContext
+    running.
+
     Parameters
     ----------
     port : int
@@ -246,11 +251,6 @@ def attach(port, secret, *, pin_thread=True, python=None, embedded=False):
         Python (R's reticulate): the JVM's accumulator updates are then answered by a process of its own
         (a JVM waiting on a thread that does not run would hold every job), and Python accumulators are
         not available on the session.
-
-    The JVM's Spark must be of this pyspark's release (major.minor), else a ClusterError naming both.
-    Attaching again to the same live server returns the same session; a process attached to a JVM that
-    is gone detaches first. ``detach()`` (or ``stop()`` on the session) leaves the JVM's SparkContext
-    running.
     """
     port = int(port)
     if not isinstance(secret, str) or not secret:
