@@ -11,7 +11,7 @@
 #' @param model A compiled Keras model built through reticulate or `keras3` (Keras 3 or tf_keras),
 #'   e.g. [tf_keras_cnn_example()]. A Keras 3 model with layers of your own (a Python module loaded with
 #'   `reticulate::import_from_path()`), KerasHub's layers or a subclassed model trains natively in Keras 3
-#'   (README, "Which Keras runs where").
+#'   (the guide "Keras 3 and tf_keras", docs/guides/keras.md).
 #' @param features One array column (e.g. a flat image, reshaped to the model's input shape),
 #'   several numeric columns, one Spark ML vector column (dense or sparse, e.g. `ft_vector_assembler()`'s),
 #'   or one binary column of encoded images (the `content` of

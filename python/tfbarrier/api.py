@@ -32,7 +32,7 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         A plain Parquet scan of local files (``spark.read.parquet(path)``, columns selected at most)
         is instead read by the tasks themselves with pyarrow and checked from the files' footers:
         each task reads its Spark partition's files when the scan has ``num_workers`` partitions,
-        else a contiguous, even share of the rows (README, "Large data and images").
+        else a contiguous, even share of the rows (docs/guides/data.md, "Parquet files").
     model : Keras model, callable or preset
         A compiled Keras model (Keras 3 or tf_keras), a function of no arguments that builds and compiles one
         in each training process (``keras`` or ``tf.keras``), or a KerasHub preset (``tfbarrier.preset``).
@@ -40,7 +40,7 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         One array column (e.g. a flat image, reshaped to the model's input shape), numeric columns, one
         binary column of encoded images (PNG, JPEG, GIF, BMP: ``spark.read.format("binaryFile")``'s
         ``content``), decoded and resized to the model's (height, width, channels) input as float32 in
-        0-255, or one string column for a model that carries its preprocessor (README "Text in"). For a
+        0-255, or one string column for a model that carries its preprocessor (docs/guides/data.md, "Text"). For a
         Keras 3 model of several inputs, {input name: column}: each a numeric column, an array column of
         numbers or a Spark ML vector; integers stay integers (int64).
     label : str or dict
@@ -91,13 +91,13 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         Where Spark encrypts, tfbarrier's own traffic (link, ring) is TLS, but a fit under the strategy
         ("ring", "nccl") talks TensorFlow's plain gRPC: it runs only with this True.
     use_gpu : bool
-        Give each training process the GPUs Spark assigned to its task (README, "GPUs").
+        Give each training process the GPUs Spark assigned to its task (docs/guides/clusters.md, "GPUs").
     verbose : int
         0 silent; 1 a live progress bar and a line per epoch; 2 also every worker's events and output lines.
     tensorboard_dir : str, optional
         The chief writes TensorBoard logs there.
     env : PythonEnv, optional
-        The training processes' Python environment (README, "Python environments on the executors");
+        The training processes' Python environment (docs/guides/clusters.md, "Python on the executors");
         default: the executors' own Python.
     validation_data : pyspark.sql.DataFrame, optional
         Rows to evaluate the model on after each epoch, with the training data's feature and label
@@ -156,7 +156,7 @@ def fit(data, model, *, features, label=None, epochs=1, batch_size=32, num_worke
         run id continues that run, as an ``mlflow.ActiveRun`` does). The run gets the arguments that shaped
         the training, the model's size and optimizer, a metric point per epoch as the epochs end (step =
         the epoch, from 1: ``loss``, ``val_*``, ``samples_per_second``), the timings, workers and retries,
-        the trained model as an MLflow model (README, "Experiment tracking") and ``plot()``'s figure. A run
+        the trained model as an MLflow model (docs/guides/tracking.md) and ``plot()``'s figure. A run
         the fit started ends FINISHED, or FAILED with the error. ``FitResult.mlflow_run_id`` is its id.
         MLflow's tracking URI is its own (``MLFLOW_TRACKING_URI``, ``mlflow.set_tracking_uri``). Default: off.
 

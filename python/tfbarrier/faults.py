@@ -91,7 +91,7 @@ def process_failure(code, info, worker, host, log, oom_kills=None):
     elif code == -signal.SIGKILL and oom_kills:
         what = (f"killed by signal SIGKILL while the host ran out of memory (the kernel's OOM killer ended "
                 f"{oom_kills} process(es) meanwhile). To fit: give each worker more memory, or train a smaller "
-                "model or batch, or fewer workers per host (README, \"Large models\": what a worker needs)")
+                "model or batch, or fewer workers per host (docs/guides/large-models.md: what a worker needs)")
     elif code < 0:
         what = f"killed by signal {signal.Signals(-code).name}"
     else:

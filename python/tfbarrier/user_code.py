@@ -27,7 +27,7 @@ def pickle_user_code(obj, *functions):
     """cloudpickle ``obj``, shipping the modules of ``functions`` (functions or classes) by value when
     they are the user's own code (a script, a test module, a notebook helper), which the training
     processes could not import. The user's other modules that ``obj`` uses go by value once registered
-    with cloudpickle's ``register_pickle_by_value`` (README); such a registration outlives the call."""
+    with cloudpickle's ``register_pickle_by_value`` (docs/guides/training.md, "Your code on the workers"); such a registration outlives the call."""
     modules = {sys.modules.get(getattr(function, "__module__", None) or "") for function in functions}
     by_value = [module for module in modules if module is not None and module.__name__ != "__main__"
                 and not _installed(module) and not _registered_by_value(module)]

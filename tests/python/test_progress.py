@@ -221,7 +221,7 @@ def test_auto_steps_per_execution_follows_the_slowest_worker(digits_df, tmp_path
     (workers that grouped steps differently into calls would wait for each other forever)."""
     record = tmp_path / "batches"
     callbacks = lambda: batch_ends(str(record))() + faults.slow_steps(0.2, worker=1)()  # noqa: E731
-    cloudpickle.register_pickle_by_value(faults)  # a helper module the callbacks use (README: "callbacks")
+    cloudpickle.register_pickle_by_value(faults)  # a helper module the callbacks use (docs/guides/training.md, "Your code on the workers")
     try:
         result = tfbarrier.fit(digits_df, digits_cnn(), features="pixels", label="digit", epochs=1, batch_size=64,
                                steps_per_epoch=20, verbose=0, callbacks=callbacks)

@@ -74,7 +74,7 @@ def test_a_result_larger_than_one_result_row_arrives_whole(spark):
 
 
 def test_a_module_the_user_registered_by_value_stays_registered():
-    """cloudpickle's register_pickle_by_value is how a user ships helper modules of their own (README).
+    """cloudpickle's register_pickle_by_value is how a user ships helper modules of their own (docs/guides/training.md).
     tfbarrier unregistered such a module after shipping a function of it, so that the next function
     using the helpers failed in the training processes with "No module named 'support'"."""
     import contextlib

@@ -1,7 +1,7 @@
 """A ring all-reduce between a job's training processes that admits only the job's own peers.
 
 How the workers of a fit over tfbarrier's ring exchange gradients and metric states (ring_side.py;
-docs/gradient-exchange-design.md).
+docs/internals/gradient-exchange-design.md).
 Each process listens on a port of its own and connects to the next in the ring; a connection is kept only
 after both sides proved that they hold the job's secret (ring_admission.py, which also keeps strangers'
 connections from stretching or stopping the wait), over TLS with the job's credentials (tls.py: the cluster
