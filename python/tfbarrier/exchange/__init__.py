@@ -122,7 +122,7 @@ def choose(exchange, communication, *, native, encrypted, gpus_per_worker):
     if gpus_per_worker and not chosen.tensorflow_server:
         warnings.warn(
             f"each worker trains on a GPU, and exchange='{chosen.name}' copies every gradient to the host and back "
-            "at each step and sums it there (docs/guides/speed.md, "GPUs": about 1.2x NCCL's exchange across hosts on 10 "
+            "at each step and sums it there (docs/guides/speed.md, \"GPUs\": about 1.2x NCCL's exchange across hosts on 10 "
             "Gbit/s, much more between GPUs of one host); on a network you trust, pass exchange='strategy', "
             "communication={'implementation': 'nccl'} to sum on the devices", GpuExchangeWarning, stacklevel=4)
     return chosen
