@@ -20,6 +20,8 @@ RPY2_STAMP := $(VENV)/.rpy2
 export SPARK_LOCAL_IP ?= 127.0.0.1
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export TFBARRIER_PYTHON := $(abspath $(PY))
+# Where the R tests find the guides, which the R package does not carry (tests/testthat/test-docs.R).
+export TFBARRIER_SOURCE_DIR := $(CURDIR)
 # Spark releases the core is tested on besides .venv's (test-spark-versions); their Pythons, and .venv's,
 # for the tests that attach one release's pyspark to another's JVM.
 SPARK_VERSIONS := 3.5 4.0
@@ -41,7 +43,7 @@ demo-r: r-install
 
 # The suite starts and ends with a look at the temporary directory: it must leave no tfbarrier directory
 # there (tests/leftovers.py: counted before it sweeps as the next start on a host would).
-test: test-start test-python test-spark-versions test-r test-leftovers
+test: test-start test-docs test-python test-spark-versions test-r test-leftovers
 
 test-start: venv
 	@$(PY) tests/leftovers.py start
@@ -52,7 +54,7 @@ test-leftovers: venv
 # Two pytest-xdist workers, a test file each at a time (module fixtures share their clusters): much of a
 # test's time is a JVM or TensorFlow starting, or a fault's timeout running out, which the other fills.
 test-python: venv $(VERSION_VENVS)
-	$(PY) -m pytest -n 2 --dist loadfile tests/python
+	$(PY) -m pytest -n 2 --dist loadfile $(DOCS_TESTS:%=--ignore=%) tests/python
 
 # The core subset (tests marked `versions`: the default fit over the ring, a native Keras 3 fit, a fit under
 # TLS, named inputs, predict, tune, a failure, attach) on each older Spark
@@ -238,6 +240,15 @@ docs-deps: | r-deps
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing chromium, which looks at the built site (apt-get)"; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+
+# The docs built and looked at: every Python block of the guides run or its calls checked (test_docs.py,
+# which prints how many), the R blocks' calls matched to the functions' formals (test-docs.R, which R CMD check
+# runs too), and the built pages opened in a headless Chromium (test_docs_site.py; screenshots in
+# build/docs-screenshots/). test-python leaves these files to it.
+DOCS_TESTS := tests/python/test_docs.py tests/python/test_docs_site.py
+test-docs: docs
+	$(PY) -m pytest -q -p no:cacheprovider $(DOCS_TESTS)
+	Rscript -e 'pkgload::load_all(".", quiet = TRUE); testthat::test_file("tests/testthat/test-docs.R", stop_on_failure = TRUE)'
 
 # The release's files: the wheel and the sdist (pip and build, each in an isolated build environment), and the
 # R source package r-build makes (its vignette knitted: Spark and TensorFlow run).
