@@ -41,6 +41,6 @@ def __dir__():
 
 tf_banners.install()
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["FitResult", "PythonEnv", "TuneResult", "apply", "attach", "attached_session", "detach", "errors", "fit",
            "predict", "predict_local", "preset", "run", "spark_frame", "tune", "__version__"]
