@@ -102,34 +102,46 @@ class WorkerResult:
 class FitResult:
     """What ``fit`` returns.
 
-    model:    the trained Keras model, on the driver (same Keras as the model passed in; tf_keras for a
-              model function)
-    history:  per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}
-    timings:  seconds per phase: results.TIMINGS says what each key covers (the chief's process and task)
-    workers:  one dict per worker (WorkerResult.public): index, host, executor (Spark's address of it), port,
-              rows, shard_checksum (of the rows it trained on), validation_rows and validation_checksum
-              (with validation), steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), environment (path,
-              built, seconds; None for the executor's own Python), python_prefix (sys.prefix of its
-              training process), warm_start (True when it trained in a spare process its executor kept,
-              TensorFlow already imported), finished_at (its clock, time.time(), when training ended),
-              transfer (how the job's files, the model's weights among them, reached it and the trained
-              model left it: via "driver link" or "spark", fetched_bytes, fetch_seconds, sent_bytes,
-              send_seconds, encryption: the link's TLS version and cipher, or "none"), then FitOutput's fields: steps, checksum (of the final weights: equal on
-              every worker when the replicas stayed in sync), memory (its training process's resident
-              memory in MB: tensorflow_mb once TensorFlow and the strategy were set up, baseline_mb once
-              the model was too, peak_mb at the end), first_step_at, initial_epoch, resumed_at,
-              checkpoint_saves (with checkpoint_dir: the saves it took part in), steps_per_execution and
-              communication (what its training ran with); and its timings
-    attempts: one dict per submission of the barrier job: attempt, error (None for the one that
-              succeeded), retryable; for the successful one initial_epoch (> 0 when it resumed),
-              resumed_at (None, or the epoch and step it resumed at, and the steps run before it) and
-              through_spark (the bytes Spark carried: job_bytes, the job in the tasks' closure, and
-              result_bytes, their results; the model's files go outside Spark, see ``workers``)
-    progress: the messages the workers streamed to the driver during the fit (kind, worker,
-              sent_at, received_at, ...), as shown live at verbose=1 and 2
-    saved:    with save_to, one dict per model the chief saved: epoch (from 1), path; with save_best
-              one per improvement, all of the same best.keras, which holds the last (the best)
-    mlflow_run_id: with fit(mlflow=...), the id of the MLflow run the fit logged to; None without
+    Attributes
+    ----------
+    model : Keras model
+        The trained Keras model, on the driver: the same Keras as the model passed in (tf_keras for a model
+        function).
+    history : dict
+        Per-epoch metrics as Keras reports them, e.g. {"loss": [...], "accuracy": [...]}.
+    timings : dict
+        Seconds per phase: results.TIMINGS says what each key covers (the chief's process and task).
+    workers : list of dict
+        One dict per worker (WorkerResult.public): index, host, executor (Spark's address of it), port, rows,
+        shard_checksum (of the rows it trained on), validation_rows and validation_checksum (with validation),
+        steps_per_epoch, gpus (its CUDA_VISIBLE_DEVICES), environment (path, built, seconds; None for the
+        executor's own Python), python_prefix (sys.prefix of its training process), warm_start (True when it
+        trained in a spare process its executor kept, TensorFlow already imported), finished_at (its clock,
+        time.time(), when training ended), transfer (how the job's files, the model's weights among them,
+        reached it and the trained model left it: via "driver link" or "spark", fetched_bytes, fetch_seconds,
+        sent_bytes, send_seconds, encryption: the link's TLS version and cipher, or "none"), then FitOutput's
+        fields: steps, checksum (of the final weights: equal on every worker when the replicas stayed in sync),
+        memory (its training process's resident memory in MB: tensorflow_mb once TensorFlow and the strategy
+        were set up, baseline_mb once the model was too, peak_mb at the end), first_step_at, initial_epoch,
+        resumed_at, checkpoint_saves (with checkpoint_dir: the saves it took part in), steps_per_execution and
+        communication (what its training ran with); and its timings.
+    attempts : list of dict
+        One dict per submission of the barrier job: attempt, error (None for the one that succeeded),
+        retryable; for the successful one initial_epoch (> 0 when it resumed), resumed_at (None, or the epoch
+        and step it resumed at, and the steps run before it) and through_spark (the bytes Spark carried:
+        job_bytes, the job in the tasks' closure, and result_bytes, their results; the model's files go outside
+        Spark, see ``workers``).
+    progress : list of dict
+        The messages the workers streamed to the driver during the fit (kind, worker, sent_at, received_at,
+        ...), as shown live at verbose=1 and 2.
+    stopped_epoch : int or None
+        The last epoch run (from 0) when a callback such as EarlyStopping stopped the fit; None when it ran
+        every epoch.
+    saved : list of dict
+        With save_to, one dict per model the chief saved: epoch (from 1), path; with save_best one per
+        improvement, all of the same best.keras, which holds the last (the best).
+    mlflow_run_id : str or None
+        With fit(mlflow=...), the id of the MLflow run the fit logged to; None without.
     """
 
     model: object
@@ -194,10 +206,12 @@ class FitResult:
 
     @property
     def num_workers(self):
+        """How many workers trained."""
         return len(self.workers)
 
     @property
     def epochs(self):
+        """How many epochs ran (fewer than asked for when a callback stopped the fit)."""
         return len(next(iter(self.history.values()), []))
 
     @classmethod

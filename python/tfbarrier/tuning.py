@@ -32,16 +32,25 @@ TIME_COLUMNS = ("started_at", "finished_at", "training_started_at", "training_fi
 class TuneResult:
     """What ``tune`` returns.
 
-    trials:      a pandas DataFrame, one row per trial in the order of ``params``: trial, its params as
-                 columns, the final value of every metric in its history, status ("ok" or "failed"),
-                 error, seconds, started_at, finished_at (the driver's dispatch and return of its fit),
-                 training_started_at, training_finished_at (its chief's first step and end of training)
-    best_params: the params of the best trial by ``metric``
-    best:        the best trial's FitResult (``best.model``, ``best.history``...)
-    best_trial:  the best trial's number (its row in ``trials``)
-    metric, mode: how trials were ranked
-    seed:        the data seed every trial used
-    mlflow_run_id: with tune(mlflow=...), the id of the search's MLflow run (each trial's is nested in it)
+    Attributes
+    ----------
+    trials : pandas.DataFrame
+        One row per trial in the order of ``params``: trial, its params as columns, the final value of every
+        metric in its history, status ("ok" or "failed"), error, seconds, started_at, finished_at (the
+        driver's dispatch and return of its fit), training_started_at, training_finished_at (its chief's first
+        step and end of training).
+    best_params : dict
+        The params of the best trial by ``metric``.
+    best : FitResult
+        The best trial's FitResult (``best.model``, ``best.history``...).
+    best_trial : int
+        The best trial's number (its row in ``trials``).
+    metric, mode : str
+        How trials were ranked.
+    seed : int
+        The data seed every trial used.
+    mlflow_run_id : str or None
+        With tune(mlflow=...), the id of the search's MLflow run (each trial's is nested in it).
     """
 
     trials: object
@@ -55,6 +64,7 @@ class TuneResult:
 
     @property
     def best_model(self):
+        """The best trial's trained model (``best.model``)."""
         return self.best.model
 
     def plot(self, path=None):

@@ -45,12 +45,20 @@ BUILD_LOG = "tfbarrier-builds.log"
 
 @dataclasses.dataclass(frozen=True)
 class PythonEnv:
-    """Where the training processes' Python comes from (see the module's docstring).
+    """Where the training processes' Python comes from (see the module's docstring): a virtualenv each host
+    builds once with exactly these requirements, or an environment packed on the driver (``from_archive``).
 
-    requirements: pip requirement strings. workon_home: where environments live (default
-    $WORKON_HOME, else a tfbarrier directory in the system temp dir). find_links / index_url /
-    no_index: passed to pip (a wheelhouse directory or URL, a private index, offline builds).
-    system_site_packages: the environment also sees the executor Python's packages.
+    Parameters
+    ----------
+    requirements : list of str
+        pip requirement strings.
+    workon_home : str, optional
+        Where environments live: a directory of the executor's user alone. Default: $WORKON_HOME, else
+        ``<tmp>/tfbarrier-envs-<uid>`` in the system temp dir.
+    find_links, index_url, no_index
+        Passed to pip: a wheelhouse directory or URL, a private index, offline builds.
+    system_site_packages : bool
+        The environment also sees the executor Python's packages.
     """
 
     requirements: tuple = ()
