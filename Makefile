@@ -251,9 +251,10 @@ test-docs: docs
 	Rscript -e 'pkgload::load_all(".", quiet = TRUE); testthat::test_file("tests/testthat/test-docs.R", stop_on_failure = TRUE)'
 
 # The release's files: the wheel and the sdist (pip and build, each in an isolated build environment), and the
-# R source package r-build makes (its vignette knitted: Spark and TensorFlow run).
+# R source package r-build makes (its vignette knitted: Spark and TensorFlow run). setuptools' leftovers of a
+# previous build go first: it copies into build/lib without removing what is gone from python/.
 dist: $(STAMP) r-build
-	rm -rf dist && mkdir -p dist
+	rm -rf dist build/lib build/bdist.* python/*.egg-info && mkdir -p dist
 	$(PIP) wheel -q --no-deps -w dist .
 	$(PY) -m build --sdist --outdir dist .
 	cp $(R_TARBALL) dist/
