@@ -177,15 +177,33 @@ def test_a_plain_sgd_step_counts_as_much_as_one_with_momentum_where_tensorflow_p
     assert dataclasses.replace(momentum, pooled=False).worker_bytes(32) == momentum.worker_bytes(32)
 
 
-def test_workers_that_share_the_optimizers_slots_each_count_their_share_or_the_largest_variables():
+def test_workers_that_share_the_optimizers_slots_each_count_their_share_and_their_blocks_copies():
     from tfbarrier.models import memory
 
-    adam = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", largest=2**26)
+    layers = tuple(((4096, 4096), 4) for _ in range(16))  # 16 equal matrices of 64 MiB: none cut, 1/N each
+    adam = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", shapes=layers)
     for workers in (2, 4):  # each worker holds its 1/N of Adam's two copies of the weights
         assert adam.worker_bytes(32) - adam.sharded(workers).worker_bytes(32) == 2 * 2**30 * (1 - 1 / workers)
-    one_table = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", largest=2**29)
-    assert one_table.sharded(4).slot_share == 0.5  # one variable of half the weights: its owner holds its slots
     assert "25% of them on this worker" in adam.sharded(4).describe(32)
+    # one matrix of half the weights: cut into 4 blocks of rows, one a worker, each updated in a copy of its own
+    one_table = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam",
+                                 shapes=(((8192, 16384), 4),) + layers[:8])
+    assert one_table.sharded(4).slot_share == 0.25 and one_table.sharded(4).blocks == 2**29 // 4
+
+
+def test_a_large_variable_is_cut_into_a_block_of_rows_per_worker_and_the_rest_go_whole_to_the_lightest():
+    from tfbarrier.exchange.placement import held, pieces
+
+    # an embedding of 87% of the weights (as bench/README.md's 61 M MLP's first matrix), then small ones
+    shapes, itemsizes = [(1000, 64), (64,), (64, 10), (10,)], [4, 4, 4, 4]
+    placed = pieces(shapes, itemsizes, 2)
+    assert placed[0] == [(0, 0, 500), (1, 500, 1000)]
+    assert all(len(p) == 1 and p[0][1:] == (0, shape[0]) for p, shape in zip(placed[1:], shapes[1:]))
+    most, blocks = held(shapes, itemsizes, 2)
+    assert most <= 0.51 * sum(4 * np.prod(s) for s in shapes) and blocks == 500 * 64 * 4
+    # fewer rows than workers, or a scalar: whole
+    assert pieces([(3, 1000), ()], [4, 4], 4) == [[(0, 0, 3)], [(1, 0, None)]]
+    assert pieces([(10,)], [4], 1) == [[(0, 0, 10)]]
 
 
 def test_the_driver_knows_what_a_local_worker_can_have(spark):

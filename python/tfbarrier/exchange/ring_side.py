@@ -19,7 +19,6 @@ in the model's Keras. Imported only in training processes.
 
 import contextlib
 
-import numpy as np
 import tensorflow as tf
 
 from tfbarrier import settings
@@ -27,7 +26,7 @@ from tfbarrier.exchange.base import WorkerSide
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
                                            exchange_gradients, sum_metrics)
-from tfbarrier.exchange.sharded_update import owners, shard_updates
+from tfbarrier.exchange.sharded_update import Shards, shard_updates
 
 
 class RingSide(WorkerSide):
@@ -44,32 +43,30 @@ class RingSide(WorkerSide):
         self.input_context = tf.distribute.InputContext(num_input_pipelines=self.size, input_pipeline_id=index,
                                                         num_replicas_in_sync=self.size)
         self.exchanged, self.sent = set(), None  # the variables whose gradients cross (ids), as the step is traced
-        self.owner = None  # {id(variable): its owner's rank}, where each worker holds a shard of the optimizer's state
+        self.shards = None  # this worker's share of the optimizer's state, where each worker holds one (Shards)
 
     def optimizer_variables(self, model):
         if (self.options or {}).get("shard", "none") == "none":
             return model.trainable_variables
-        self.owner = owners(model.trainable_variables, self.size)
-        self.owned = [v for v in model.trainable_variables if self.owner[id(v)] == self.ring.rank]
-        return self.owned
+        self.shards = Shards(model.trainable_variables, self.ring.rank, self.size)
+        return self.shards.updated
 
     @property
     def shards_optimizer(self):
-        return self.owner is not None
+        return self.shards is not None
 
     def hook(self, model, flavor, job):
         drawn = job.model.drawn_by_each_worker(model)
         if drawn:  # the chief's values to every worker (the strategy gives every variable worker 0's initial value)
             self.ring.broadcast_variables(drawn)
         model.jit_compile = False  # the exchange is a Python call, which XLA cannot compile
-        if self.owner is None:
+        if self.shards is None:
             self.sent = exchange_gradients(model.optimizer, self.ring, flavor, job.communication, self.exchanged,
                                            last_layers_first=self.exchange.last_layers_first)
         else:
-            self.sent = shard_updates(model.optimizer, self.ring, flavor, self.owner, job.communication,
+            self.sent = shard_updates(model.optimizer, self.ring, flavor, self.shards, job.communication,
                                       self.exchanged, last_layers_first=self.exchange.last_layers_first)
-            # the weights whose optimizer state this worker holds
-            self.sent["state_of_weights"] = sum(int(np.prod(tuple(v.shape))) for v in self.owned)
+            self.sent["state_of_weights"] = self.shards.weights_held()
         sum_metrics(model, self.ring, flavor.metrics_reader)
 
     def dataset(self, make):

@@ -1,13 +1,14 @@
 """The optimizer's state sharded over tfbarrier's ring (fit's ``communication={"shard": "optimizer"}``): ZeRO's
-stage 1, at a variable's grain, as PyTorch's ZeroRedundancyOptimizer shards.
+stage 1.
 
-Each trainable variable has one owner among the workers (``owners``: the largest first, each to the worker that
-owns the fewest bytes so far), and a worker's optimizer (the model's own) is built over the variables it owns
-alone, so it holds their slots only: Adam's two slots per weight become 2/N. A step's gradients cross the ring
-in packs, last layers first, as ring_hooks.exchange_gradients sends them, but each pack is reduce-scattered
-instead of all-reduced: a worker receives the summed gradients of the variables it owns in the pack, and
-nothing else. It applies its optimizer to them (gradient clipping by global norm takes the norm over every
-worker's shard: one scalar crosses), then each pack's updated values are all-gathered from their owners, so
+Each trainable variable's optimizer state is held by one worker, or, for a large variable cut into blocks of rows,
+each block's by one worker (placement.py: every worker's pieces weigh about the same). A worker's optimizer (the
+model's own) is built over what it holds alone: the variables it holds whole, and for each block a variable of
+its own holding that block's rows (``Shards``), so it keeps the slots of about 1/N of the weights. A step's
+gradients cross the ring in packs, last layers first, as ring_hooks.exchange_gradients sends them, but each pack
+is reduce-scattered instead of all-reduced: a worker receives the summed gradients of its own pieces in the pack,
+and nothing else. It applies its optimizer to them (gradient clipping by global norm takes the norm over every
+worker's pieces: one scalar crosses), then each pack's updated values are all-gathered from their holders, so
 every replica is whole and equal again before the next step. The bytes that cross are an all-reduce's.
 Imported only in training processes.
 """
@@ -16,26 +17,62 @@ import numpy as np
 import tensorflow as tf
 
 from tfbarrier.errors import ModelError
+from tfbarrier.exchange.placement import pieces
 from tfbarrier.exchange.ring_hooks import packing, packs, shaped
 from tfbarrier.keras_helpers import inner_optimizer
 
-def owners(variables, size):
-    """{id(variable): the rank that owns it} for ``variables`` (the same list on every worker): the largest
-    first, each to the rank that owns the fewest bytes so far, so that every rank's slots weigh about the same."""
-    nbytes = [int(np.prod(tuple(v.shape))) * tf.as_dtype(v.dtype).size for v in variables]
-    loads, owner = [0] * size, {}
-    for index in sorted(range(len(variables)), key=lambda i: -nbytes[i]):
-        rank = loads.index(min(loads))
-        owner[id(variables[index])] = rank
-        loads[rank] += nbytes[index]
-    return owner
+
+class Shards:
+    """This worker's share of ``variables`` (the trainable ones, in the same order on every worker): each
+    variable's pieces (``placed``: placement.pieces'), and ``updated``, what this worker's optimizer updates (a
+    variable it holds whole, or the block variable of a block it holds)."""
+
+    def __init__(self, variables, rank, size):
+        shapes = [tuple(int(d) for d in v.shape) for v in variables]
+        placed = pieces(shapes, [tf.as_dtype(v.dtype).size for v in variables], size)
+        self.rank, self.placed = rank, {id(v): p for v, p in zip(variables, placed)}
+        self.blocks, self.updated = {}, []  # {(id(variable), start): its block variable}
+        for variable in variables:
+            for holder, start, stop in self.placed[id(variable)]:
+                if holder != rank:
+                    continue
+                if len(self.placed[id(variable)]) == 1:
+                    self.updated.append(variable)
+                else:
+                    self.blocks[id(variable), start] = _block_variable(variable, start, stop)
+                    self.updated.append(self.blocks[id(variable), start])
+
+    def weights_held(self):
+        """The weights whose optimizer state this worker holds."""
+        return sum(int(np.prod(tuple(v.shape))) for v in self.updated)
+
+    def cut(self, pack, variables):
+        """``pack``'s gradients as pieces (holder, index, start, stop, gradient), ranked by their holder."""
+        cut = []
+        for index, grad in pack:
+            placed = self.placed[id(variables[index])]
+            cut += [(holder, index, start, stop, grad if len(placed) == 1 else grad[start:stop])
+                    for holder, start, stop in placed]
+        return sorted(cut, key=lambda piece: piece[0])
+
+    def target(self, variables, index, start):
+        """What this worker's optimizer updates for the piece of ``variables[index]`` starting at row ``start``."""
+        return self.blocks.get((id(variables[index]), start), variables[index])
 
 
-def shard_updates(optimizer, ring, flavor, owner, options=None, exchanged=None, last_layers_first=True):
-    """Make ``optimizer`` (of the ``flavor``'s Keras, built over the variables ``owner`` gives this rank) update
-    only this worker's variables, from their gradients summed across ``ring``, and every worker's replica whole
-    again after it (see the module). ``exchanged``: as ring_hooks.exchange_gradients'. Returns what
-    FitResult.workers reports of it."""
+def _block_variable(variable, start, stop):
+    """A variable holding ``variable``'s rows ``start:stop``, of its Keras's kind and name (an optimizer's slots
+    and its weight decay's exclusions go by names)."""
+    rows = tf.convert_to_tensor(variable)[start:stop]
+    if hasattr(variable, "path"):  # Keras 3's
+        return type(variable)(initializer=rows, dtype=variable.dtype, trainable=False, name=variable.name)
+    return tf.Variable(rows, trainable=False, name=variable.name.split(":")[0])
+
+
+def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None, last_layers_first=True):
+    """Make ``optimizer`` (of the ``flavor``'s Keras, built over ``shards.updated``) update only this worker's
+    pieces, from their gradients summed across ``ring``, and every worker's replica whole again after it (see the
+    module). ``exchanged``: as ring_hooks.exchange_gradients'. Returns what FitResult.workers reports of it."""
     _check_shardable(optimizer)
     pack_bytes, dtype, share, described = packing(options, ring)
     clipnorm = _take_global_clipnorm(optimizer)
@@ -49,10 +86,12 @@ def shard_updates(optimizer, ring, flavor, owner, options=None, exchanged=None, 
         _refuse_sparse(grads, variables)
         dense = [(i, shaped(grad, variables, i)) for i, grad in enumerate(grads)
                  if grad is not None][::-1 if last_layers_first else 1]
-        ranked = [sorted(pack, key=lambda entry: owner[id(variables[entry[0]])]) for pack in packs(dense, pack_bytes)]
-        mine, after = _reduce_scattered(ranked, variables, owner, ring, dtype, share)
-        indices = sorted(mine)
-        owned_grads, owned = [mine[i] for i in indices], [variables[i] for i in indices]
+        cut = [shards.cut(pack, variables) for pack in packs(dense, pack_bytes)]
+        mine, after = _reduce_scattered(cut, ring, dtype, share)
+        owned = [shards.target(variables, index, start) for index, start in mine]
+        after += [block.assign(tf.convert_to_tensor(variables[index])[start:stop])  # its rows as the model has them
+                  for (index, start), (block, stop) in _blocks(shards, variables, mine).items()]
+        owned_grads = list(mine.values())
         if clipnorm:
             owned_grads, after = _clipped(owned_grads, clipnorm, ring, after)
         with tf.control_dependencies(after):
@@ -60,53 +99,78 @@ def shard_updates(optimizer, ring, flavor, owner, options=None, exchanged=None, 
                 apply(owned_grads, owned)
             else:  # as the optimizers of the other workers count the step
                 optimizer.iterations.assign_add(1)
-        _all_gathered(ranked, variables, owner, ring)
+        _all_gathered(cut, variables, shards, ring)
 
     flavor.wrap_step(optimizer, step)
     return dict(described, shard="optimizer")
 
 
-def _sizes(pack, variables, owner, size):
-    """The values of each rank's variables in ``pack`` (ranked by owner)."""
+def _blocks(shards, variables, mine):
+    """{(index, start): (its block variable, its stop row)} for the blocks among this worker's pieces ``mine``."""
+    found = {}
+    for index, start in mine:
+        block = shards.blocks.get((id(variables[index]), start))
+        if block is not None:
+            found[index, start] = (block, start + int(block.shape[0]))
+    return found
+
+
+def _sizes(pieces, size):
+    """The values each rank holds of ``pieces`` (a pack's, ranked by holder)."""
     sizes = [0] * size
-    for index, grad in pack:
-        sizes[owner[id(variables[index])]] += grad.shape.num_elements()
+    for holder, _, _, _, grad in pieces:
+        sizes[holder] += grad.shape.num_elements()
     return sizes
 
 
-def _reduce_scattered(ranked, variables, owner, ring, dtype, share):
-    """{index: this worker's summed share of the gradient} for the variables it owns, each pack of ``ranked``
+def _reduce_scattered(cut, ring, dtype, share):
+    """{(index, start): this worker's summed share of the gradient} for its pieces, each pack of ``cut``
     reduce-scattered in turn; and the last exchange, which the next must follow."""
     mine, after = {}, []
-    for pack in ranked:
-        sizes = _sizes(pack, variables, owner, ring.size)
+    for pieces_ in cut:
+        sizes = _sizes(pieces_, ring.size)
         with tf.control_dependencies(after):
-            flat = tf.concat([tf.reshape(tf.cast(grad, dtype) * tf.cast(share, dtype), [-1]) for _, grad in pack], 0)
+            flat = tf.concat([tf.reshape(tf.cast(piece[4], dtype) * tf.cast(share, dtype), [-1])
+                              for piece in pieces_], 0)
             chunk = tf.numpy_function(lambda values, sizes=sizes: ring.reduce_scatter(values, sizes), [flat], dtype,
                                       stateful=True)
         after = [chunk]
-        owned = [(index, grad) for index, grad in pack if owner[id(variables[index])] == ring.rank]
-        pieces = tf.split(chunk, [grad.shape.num_elements() for _, grad in owned]) if len(owned) > 1 else [chunk]
-        for (index, grad), piece in zip(owned, pieces):
-            mine[index] = tf.cast(tf.reshape(piece, grad.shape), grad.dtype)
+        owned = [piece for piece in pieces_ if piece[0] == ring.rank]
+        parts = tf.split(chunk, [piece[4].shape.num_elements() for piece in owned]) if len(owned) > 1 else [chunk]
+        for (_, index, start, _, grad), part in zip(owned, parts):
+            mine[index, start] = tf.cast(tf.reshape(part, grad.shape), grad.dtype)
     return mine, after
 
 
-def _all_gathered(ranked, variables, owner, ring):
-    """Every variable of the packs another worker owns given its owner's updated value (in the pack's widest
-    float); this worker's own values are sent as they lie."""
-    for pack in ranked:
-        sizes = _sizes(pack, variables, owner, ring.size)
-        held = [variables[index] for index, _ in pack]
-        dtype = tf.float64 if any(tf.as_dtype(v.dtype) == tf.float64 for v in held) else tf.float32
-        ours = [tf.reshape(tf.cast(tf.convert_to_tensor(v), dtype), [-1]) for v in held if owner[id(v)] == ring.rank]
+def _all_gathered(cut, variables, shards, ring):
+    """Every piece of the packs another worker holds given its holder's updated value (in the pack's widest
+    float), and each block this worker updated written into its variable's rows; this worker's own values are
+    sent as they lie."""
+    for pieces_ in cut:
+        sizes = _sizes(pieces_, ring.size)
+        dtype = tf.float64 if any(tf.as_dtype(variables[p[1]].dtype) == tf.float64 for p in pieces_) else tf.float32
+        ours = [tf.reshape(tf.cast(tf.convert_to_tensor(shards.target(variables, index, start)), dtype), [-1])
+                for holder, index, start, _, _ in pieces_ if holder == ring.rank]
         ours = ours[0] if len(ours) == 1 else tf.concat(ours, 0) if ours else tf.zeros([0], dtype)
         others = tf.numpy_function(lambda values, sizes=sizes: ring.all_gather_chunks(values, sizes), [ours], dtype,
                                    stateful=True)
-        theirs = [v for v in held if owner[id(v)] != ring.rank]
-        values = tf.split(others, [int(np.prod(tuple(v.shape))) for v in theirs]) if len(theirs) > 1 else [others]
-        for variable, value in zip(theirs, values):
-            variable.assign(tf.cast(tf.reshape(value, tuple(variable.shape)), variable.dtype))
+        theirs = [piece for piece in pieces_ if piece[0] != ring.rank]
+        values = tf.split(others, [piece[4].shape.num_elements() for piece in theirs]) if len(theirs) > 1 else [others]
+        for (_, index, start, stop, grad), value in zip(theirs, values):
+            _write(variables[index], start, stop, tf.reshape(value, grad.shape), len(shards.placed[id(variables[index])]))
+        for holder, index, start, stop, _ in pieces_:
+            block = shards.blocks.get((id(variables[index]), start))
+            if holder == ring.rank and block is not None:
+                _write(variables[index], start, stop, tf.convert_to_tensor(block), 2)
+
+
+def _write(variable, start, stop, value, pieces_of_it):
+    """``value`` into ``variable`` (cut into ``pieces_of_it``): whole, or into its rows ``start:stop`` in place."""
+    value = tf.cast(value, variable.dtype)
+    if pieces_of_it == 1:
+        variable.assign(value)
+    else:
+        tf.raw_ops.ResourceStridedSliceAssign(ref=variable.handle, begin=[start], end=[stop], strides=[1], value=value)
 
 
 def _clipped(grads, clipnorm, ring, after):

@@ -37,6 +37,7 @@ import re
 import sys
 
 from tfbarrier import exchange as exchanges
+from tfbarrier.exchange import placement
 from tfbarrier.errors import ModelError
 from tfbarrier.keras_helpers import inner_optimizer
 from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
@@ -79,10 +80,13 @@ def optimizer_slots(optimizer):
 
 
 def _bytes(variables):
+    return sum(math.prod(int(d) for d in v.shape) * _itemsize(v) for v in variables)
+
+
+def _itemsize(variable):
     import numpy as np
 
-    return sum(int(np.prod([int(d) for d in v.shape], dtype=np.int64)) * np.dtype(getattr(v.dtype, "name", v.dtype)).itemsize
-               for v in variables)
+    return np.dtype(getattr(variable.dtype, "name", variable.dtype)).itemsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +104,9 @@ class ModelSize:
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
     archive: bool = False  # built from a ``.keras`` archive, which leaves its weights' size held besides them
     pooled: bool = False  # trains without oneDNN, in TensorFlow's BFC pool (POOLED_SGD_COPIES)
-    largest: int = 0  # bytes of the largest trainable variable (one worker holds its slots, sharded or not)
+    shapes: tuple = ()  # ((shape, bytes a value) of each trainable variable): where sharded slots lie (placement.py)
     slot_share: float = 1.0  # the share of the slots a worker holds (communication's shard: about 1/N)
+    blocks: int = 0  # bytes of the copies of cut variables' blocks a worker holds to update them (sharded)
 
     @classmethod
     def of(cls, model, exchange=None, kept=None, native=False, archive=False):
@@ -111,14 +116,16 @@ class ModelSize:
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
                    exchange=exchange, kept=kept, native=native, archive=archive, pooled=onednn_on() is not True,
-                   largest=max([_bytes([v]) for v in model.trainable_weights] or [0]))
+                   shapes=tuple((tuple(int(d) for d in v.shape), _itemsize(v)) for v in model.trainable_weights))
 
     def sharded(self, workers):
-        """This size where ``workers`` share the optimizer's slots (communication's shard): each variable's slots
-        on one worker, balanced by size (exchange/sharded_update.owners), so a worker holds about 1/N of them,
-        or the largest variable's where that is more."""
-        share = max(1 / workers, self.largest / self.trainable if self.trainable else 1.0)
-        return dataclasses.replace(self, slot_share=min(1.0, share))
+        """This size where ``workers`` share the optimizer's slots (communication's shard): each variable's slots,
+        or each block's of a large one, on one worker, balanced by size (exchange/placement.py), so the fullest
+        worker holds about 1/N of them, and a copy of the blocks it updates."""
+        if not self.shapes or not self.trainable:
+            return dataclasses.replace(self, slot_share=1.0)
+        most, blocks = placement.held(*zip(*self.shapes), workers)
+        return dataclasses.replace(self, slot_share=min(1.0, most / self.trainable), blocks=blocks)
 
     @classmethod
     def of_trained(cls, model, job, widths=None):
@@ -156,6 +163,7 @@ class ModelSize:
                 "the weights as its archive loaded them": self.weights if self.archive else 0,
                 f"{self.optimizer}'s slots ({self.slots} per weight{self._held()})": int(
                     self.slots * self.trainable * self.slot_share),
+                "the blocks of weights it updates": self.blocks,
                 "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
                 "a batch": self.inputs * rows}
 
