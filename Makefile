@@ -162,7 +162,7 @@ bench-large-models: venv
 bench-large-models-checkpoint: venv
 	$(PY) bench/large_model_bench.py --checkpoint --rounds 3
 bench-sharded-optimizer: venv
-	$(PY) bench/sharded_bench.py --rounds 2 --models mlp61:2 deep65:2 deep65:4
+	$(PY) bench/sharded_bench.py --rounds 2 --models mlp61:2 mlp61:4 deep65:2 deep65:4
 bench-sparklyr: venv
 	$(PY) bench/sparklyr_bench.py --rows 1000000 --rounds 3
 bench-vector-columns: venv

@@ -23,10 +23,10 @@ def pieces(shapes, itemsizes, size):
     placed, loads = [None] * len(shapes), [0] * size
     split = [i for i, shape in enumerate(shapes)
              if size > 1 and len(shape) and shape[0] >= size and nbytes[i] > SPLIT_FROM * fair]
-    for turn, index in enumerate(split):
+    for index in split:  # block k to worker k: a pack of one cut variable is its gradient as it lies, in ranks' order
         rows = shapes[index][0]
         bounds = [rows * k // size for k in range(size + 1)]
-        placed[index] = [((k + turn) % size, bounds[k], bounds[k + 1]) for k in range(size)]
+        placed[index] = [(k, bounds[k], bounds[k + 1]) for k in range(size)]
         for rank, start, stop in placed[index]:
             loads[rank] += nbytes[index] * (stop - start) // rows
     for index in sorted((i for i in range(len(shapes)) if placed[i] is None), key=lambda i: -nbytes[i]):

@@ -26,7 +26,7 @@ from tfbarrier.exchange.base import WorkerSide
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
                                            exchange_gradients, sum_metrics)
-from tfbarrier.exchange.sharded_update import Shards, shard_updates
+from tfbarrier.exchange.sharded_update import Shards, SyncBlocks, shard_updates
 
 
 class RingSide(WorkerSide):
@@ -74,9 +74,11 @@ class RingSide(WorkerSide):
 
     def callbacks(self, callbacks):
         """First, a call's logs made global and the moving statistics (BatchNormalization's) averaged before
-        validation (the first of ``callbacks``), whose val_* every later callback sees; last, a stop agreed."""
+        validation (the first of ``callbacks``), whose val_* every later callback sees; then a stop agreed; last,
+        where the optimizer's state is sharded, the blocks it updates made the model's again (a restore's)."""
+        synced = [SyncBlocks(self.shards)] if self.shards is not None and self.shards.blocks else []
         return [GlobalBatchLogs(self.ring), ExchangedOnly(self.ring, self.exchanged), AverageState(self.ring),
-                *callbacks, StopTogether(self.ring, callbacks)]
+                *callbacks, StopTogether(self.ring, callbacks), *synced]
 
     @contextlib.contextmanager
     def failures(self):

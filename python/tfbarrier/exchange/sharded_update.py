@@ -15,6 +15,7 @@ Imported only in training processes.
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange.placement import pieces
@@ -31,6 +32,7 @@ class Shards:
         shapes = [tuple(int(d) for d in v.shape) for v in variables]
         placed = pieces(shapes, [tf.as_dtype(v.dtype).size for v in variables], size)
         self.rank, self.placed = rank, {id(v): p for v, p in zip(variables, placed)}
+        self._variables = {id(v): v for v in variables}
         self.blocks, self.updated = {}, []  # {(id(variable), start): its block variable}
         for variable in variables:
             for holder, start, stop in self.placed[id(variable)]:
@@ -42,22 +44,48 @@ class Shards:
                     self.blocks[id(variable), start] = _block_variable(variable, start, stop)
                     self.updated.append(self.blocks[id(variable), start])
 
+    def sync(self):
+        """Each block variable given its rows as the model has them now (a checkpoint's restore, the chief's drawn
+        values): the blocks are the truth between steps, written into the model after each update."""
+        for (key, start), block in self.blocks.items():
+            variable = self._variables[key]
+            block.assign(tf.convert_to_tensor(variable)[start:start + int(block.shape[0])])
+
     def weights_held(self):
         """The weights whose optimizer state this worker holds."""
         return sum(int(np.prod(tuple(v.shape))) for v in self.updated)
 
     def cut(self, pack, variables):
-        """``pack``'s gradients as pieces (holder, index, start, stop, gradient), ranked by their holder."""
-        cut = []
+        """``pack``'s gradients as pieces (holder, index, start, stop, shape), ranked by their holder, and the pack
+        as it travels: one flat tensor of the pieces in that order (the gradient as it lies, for a pack of one cut
+        variable, whose blocks are in the ranks' order: no copy of its rows)."""
+        cut, parts = [], []
         for index, grad in pack:
             placed = self.placed[id(variables[index])]
-            cut += [(holder, index, start, stop, grad if len(placed) == 1 else grad[start:stop])
-                    for holder, start, stop in placed]
-        return sorted(cut, key=lambda piece: piece[0])
+            for holder, start, stop in placed:
+                shape = grad.shape if len(placed) == 1 else [stop - start, *grad.shape[1:]]
+                cut.append((holder, index, start, stop, tuple(shape)))
+                parts.append((holder, grad if len(placed) == 1 else grad[start:stop]))
+        if len(pack) == 1:
+            return cut, [pack[0][1]]
+        order = sorted(range(len(cut)), key=lambda i: cut[i][0])
+        return [cut[i] for i in order], [parts[i][1] for i in order]
 
     def target(self, variables, index, start):
         """What this worker's optimizer updates for the piece of ``variables[index]`` starting at row ``start``."""
         return self.blocks.get((id(variables[index]), start), variables[index])
+
+
+class SyncBlocks(tf_keras.callbacks.Callback):
+    """After every other callback's start of a fit (a checkpoint's restore among them): the blocks as the model's
+    weights now are (``Shards.sync``)."""
+
+    def __init__(self, shards):
+        super().__init__()
+        self.shards = shards
+
+    def on_train_begin(self, logs=None):
+        self.shards.sync()
 
 
 def _block_variable(variable, start, stop):
@@ -89,9 +117,7 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
         cut = [shards.cut(pack, variables) for pack in packs(dense, pack_bytes)]
         mine, after = _reduce_scattered(cut, ring, dtype, share)
         owned = [shards.target(variables, index, start) for index, start in mine]
-        after += [block.assign(tf.convert_to_tensor(variables[index])[start:stop])  # its rows as the model has them
-                  for (index, start), (block, stop) in _blocks(shards, variables, mine).items()]
-        owned_grads = list(mine.values())
+        owned_grads = [tf.cast(grad, variables[index].dtype) for (index, _), grad in mine.items()]
         if clipnorm:
             owned_grads, after = _clipped(owned_grads, clipnorm, ring, after)
         with tf.control_dependencies(after):
@@ -105,21 +131,11 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
     return dict(described, shard="optimizer")
 
 
-def _blocks(shards, variables, mine):
-    """{(index, start): (its block variable, its stop row)} for the blocks among this worker's pieces ``mine``."""
-    found = {}
-    for index, start in mine:
-        block = shards.blocks.get((id(variables[index]), start))
-        if block is not None:
-            found[index, start] = (block, start + int(block.shape[0]))
-    return found
-
-
 def _sizes(pieces, size):
     """The values each rank holds of ``pieces`` (a pack's, ranked by holder)."""
     sizes = [0] * size
-    for holder, _, _, _, grad in pieces:
-        sizes[holder] += grad.shape.num_elements()
+    for holder, _, _, _, shape in pieces:
+        sizes[holder] += int(np.prod(shape))
     return sizes
 
 
@@ -127,18 +143,17 @@ def _reduce_scattered(cut, ring, dtype, share):
     """{(index, start): this worker's summed share of the gradient} for its pieces, each pack of ``cut``
     reduce-scattered in turn; and the last exchange, which the next must follow."""
     mine, after = {}, []
-    for pieces_ in cut:
+    for pieces_, parts in cut:
         sizes = _sizes(pieces_, ring.size)
         with tf.control_dependencies(after):
-            flat = tf.concat([tf.reshape(tf.cast(piece[4], dtype) * tf.cast(share, dtype), [-1])
-                              for piece in pieces_], 0)
+            flat = tf.concat([tf.reshape(tf.cast(part, dtype) * tf.cast(share, dtype), [-1]) for part in parts], 0)
             chunk = tf.numpy_function(lambda values, sizes=sizes: ring.reduce_scatter(values, sizes), [flat], dtype,
                                       stateful=True)
         after = [chunk]
         owned = [piece for piece in pieces_ if piece[0] == ring.rank]
-        parts = tf.split(chunk, [piece[4].shape.num_elements() for piece in owned]) if len(owned) > 1 else [chunk]
-        for (_, index, start, _, grad), part in zip(owned, parts):
-            mine[index, start] = tf.cast(tf.reshape(part, grad.shape), grad.dtype)
+        split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
+        for (_, index, start, _, shape), part in zip(owned, split):
+            mine[index, start] = tf.reshape(part, shape)
     return mine, after
 
 
@@ -146,7 +161,7 @@ def _all_gathered(cut, variables, shards, ring):
     """Every piece of the packs another worker holds given its holder's updated value (in the pack's widest
     float), and each block this worker updated written into its variable's rows; this worker's own values are
     sent as they lie."""
-    for pieces_ in cut:
+    for pieces_, _ in cut:
         sizes = _sizes(pieces_, ring.size)
         dtype = tf.float64 if any(tf.as_dtype(variables[p[1]].dtype) == tf.float64 for p in pieces_) else tf.float32
         ours = [tf.reshape(tf.cast(tf.convert_to_tensor(shards.target(variables, index, start)), dtype), [-1])
@@ -155,9 +170,9 @@ def _all_gathered(cut, variables, shards, ring):
         others = tf.numpy_function(lambda values, sizes=sizes: ring.all_gather_chunks(values, sizes), [ours], dtype,
                                    stateful=True)
         theirs = [piece for piece in pieces_ if piece[0] != ring.rank]
-        values = tf.split(others, [piece[4].shape.num_elements() for piece in theirs]) if len(theirs) > 1 else [others]
-        for (_, index, start, stop, grad), value in zip(theirs, values):
-            _write(variables[index], start, stop, tf.reshape(value, grad.shape), len(shards.placed[id(variables[index])]))
+        values = tf.split(others, [int(np.prod(piece[4])) for piece in theirs]) if len(theirs) > 1 else [others]
+        for (_, index, start, stop, shape), value in zip(theirs, values):
+            _write(variables[index], start, stop, tf.reshape(value, shape), len(shards.placed[id(variables[index])]))
         for holder, index, start, stop, _ in pieces_:
             block = shards.blocks.get((id(variables[index]), start))
             if holder == ring.rank and block is not None:
