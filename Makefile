@@ -29,7 +29,7 @@ VERSION_VENVS := $(foreach v,$(SPARK_VERSIONS),build/venv-spark$(v)/.installed)
 VERSION_TESTS := $(foreach v,$(SPARK_VERSIONS),test-spark-$(v))
 export TFBARRIER_SPARK_PYTHONS := $(abspath $(PY)) $(foreach v,$(SPARK_VERSIONS),$(abspath build/venv-spark$(v)/bin/python))
 
-.PHONY: demo demo-python demo-r test test-start test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r \
+.PHONY: demo demo-python demo-r test test-start test-others test-leftovers test-python test-spark-versions $(VERSION_TESTS) test-r \
         test-docs docs docs-deps dist r-build r-install r-deps venv system-deps clean
 
 demo: demo-python demo-r
@@ -43,7 +43,13 @@ demo-r: r-install
 
 # The suite starts and ends with a look at the temporary directory: it must leave no tfbarrier directory
 # there (tests/leftovers.py: counted before it sweeps as the next start on a host would).
-test: test-start test-docs test-python test-spark-versions test-r test-leftovers
+# The Python suite runs alone (its two workers keep both cores busy); then the rest at once, each log printed
+# whole when it ends: the core subset on each older Spark release, R CMD build and check, and the docs, each of
+# which leaves much of a core idle (JVMs and R starting, one-threaded builds).
+test: test-start test-python test-others test-leftovers
+
+test-others: $(VERSION_VENVS) venv
+	@$(MAKE) --no-print-directory -j4 --output-sync=target $(VERSION_TESTS) test-r test-docs
 
 test-start: venv
 	@$(PY) tests/leftovers.py start
