@@ -1,8 +1,8 @@
 """The optimizer's state sharded over the ring (issue 74; communication={"shard": "optimizer"}) beside today's
 replicated state: MLPs (input 1024, 10 outputs) trained with Adam by 2 and 4 workers on one local[N] Spark, the
 two contenders in turn, round by round: the large-model bench's (two hidden layers, the second of most of the
-weights) and a deep one of 16 equal layers. A variable's slots live on one worker, so the first kind shows
-what one large matrix leaves of the saving.
+weights) and a deep one of 16 equal layers. The first kind's large matrix is cut into a block of rows per worker
+(exchange/placement.py), the second's layers go whole: the two ways the state is spread.
 
 Per fit it records each training process's peak resident memory (``result.workers[i]["memory"]``: its peak, and
 its growth over TensorFlow's baseline before the model), and the steps per second of the fit's training (its
