@@ -38,7 +38,7 @@ class Shards:
             for holder, start, stop in self.placed[id(variable)]:
                 if holder != rank:
                     continue
-                if len(self.placed[id(variable)]) == 1:
+                if not self.is_cut(variable):
                     self.updated.append(variable)
                 else:
                     self.blocks[id(variable), start] = _block_variable(variable, start, stop)
@@ -48,8 +48,11 @@ class Shards:
         """Each block variable given its rows as the model has them now (a checkpoint's restore, the chief's drawn
         values): the blocks are the truth between steps, written into the model after each update."""
         for (key, start), block in self.blocks.items():
-            variable = self._variables[key]
-            block.assign(tf.convert_to_tensor(variable)[start:start + int(block.shape[0])])
+            block.assign(_rows(self._variables[key], start, start + int(block.shape[0])))
+
+    def is_cut(self, variable):
+        """Whether ``variable`` is cut into blocks of rows, one a worker."""
+        return len(self.placed[id(variable)]) > 1
 
     def weights_held(self):
         """The weights whose optimizer state this worker holds."""
@@ -59,17 +62,17 @@ class Shards:
         """``pack``'s gradients as pieces (holder, index, start, stop, shape), ranked by their holder, and the pack
         as it travels: one flat tensor of the pieces in that order (the gradient as it lies, for a pack of one cut
         variable, whose blocks are in the ranks' order: no copy of its rows)."""
-        cut, parts = [], []
+        cut = []
         for index, grad in pack:
-            placed = self.placed[id(variables[index])]
-            for holder, start, stop in placed:
-                shape = grad.shape if len(placed) == 1 else [stop - start, *grad.shape[1:]]
-                cut.append((holder, index, start, stop, tuple(shape)))
-                parts.append((holder, grad if len(placed) == 1 else grad[start:stop]))
+            whole = not self.is_cut(variables[index])
+            cut += [(holder, index, start, stop, tuple(grad.shape if whole else [stop - start, *grad.shape[1:]]))
+                    for holder, start, stop in self.placed[id(variables[index])]]
         if len(pack) == 1:
             return cut, [pack[0][1]]
-        order = sorted(range(len(cut)), key=lambda i: cut[i][0])
-        return [cut[i] for i in order], [parts[i][1] for i in order]
+        grads = dict(pack)
+        cut.sort(key=lambda piece: piece[0])
+        return cut, [grads[index] if not self.is_cut(variables[index]) else grads[index][start:stop]
+                     for _, index, start, stop, _ in cut]
 
     def target(self, variables, index, start):
         """What this worker's optimizer updates for the piece of ``variables[index]`` starting at row ``start``."""
@@ -91,10 +94,14 @@ class SyncBlocks(tf_keras.callbacks.Callback):
 def _block_variable(variable, start, stop):
     """A variable holding ``variable``'s rows ``start:stop``, of its Keras's kind and name (an optimizer's slots
     and its weight decay's exclusions go by names)."""
-    rows = tf.convert_to_tensor(variable)[start:stop]
+    rows = _rows(variable, start, stop)
     if hasattr(variable, "path"):  # Keras 3's
         return type(variable)(initializer=rows, dtype=variable.dtype, trainable=False, name=variable.name)
     return tf.Variable(rows, trainable=False, name=variable.name.split(":")[0])
+
+
+def _rows(variable, start, stop):
+    return tf.convert_to_tensor(variable)[start:stop]
 
 
 def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None, last_layers_first=True):
@@ -172,17 +179,18 @@ def _all_gathered(cut, variables, shards, ring):
         theirs = [piece for piece in pieces_ if piece[0] != ring.rank]
         values = tf.split(others, [int(np.prod(piece[4])) for piece in theirs]) if len(theirs) > 1 else [others]
         for (_, index, start, stop, shape), value in zip(theirs, values):
-            _write(variables[index], start, stop, tf.reshape(value, shape), len(shards.placed[id(variables[index])]))
+            _write(variables[index], start, stop, tf.reshape(value, shape), shards.is_cut(variables[index]))
         for holder, index, start, stop, _ in pieces_:
             block = shards.blocks.get((id(variables[index]), start))
             if holder == ring.rank and block is not None:
-                _write(variables[index], start, stop, tf.convert_to_tensor(block), 2)
+                _write(variables[index], start, stop, tf.convert_to_tensor(block), cut=True)
 
 
-def _write(variable, start, stop, value, pieces_of_it):
-    """``value`` into ``variable`` (cut into ``pieces_of_it``): whole, or into its rows ``start:stop`` in place."""
+def _write(variable, start, stop, value, cut):
+    """``value`` into ``variable``: whole, or, where it is ``cut`` into blocks, into its rows ``start:stop`` in
+    place."""
     value = tf.cast(value, variable.dtype)
-    if pieces_of_it == 1:
+    if not cut:
         variable.assign(value)
     else:
         tf.raw_ops.ResourceStridedSliceAssign(ref=variable.handle, begin=[start], end=[stop], strides=[1], value=value)
