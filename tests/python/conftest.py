@@ -41,6 +41,7 @@ os.environ["TFBARRIER_TEST_SESSION"] = SESSION_TAG
 # test_presets.py down to 89 s; test_sharded.py, new since, placed by its own run); the files after them take less.
 LONGEST_FIRST = ("test_presets.py", "test_hosts.py", "test_host_faults.py", "test_text.py", "test_sharded.py",
                  "test_failures.py", "test_spares.py", "test_memory.py", "test_exchanges.py", "test_gpus.py",
+                 "test_docs_examples.py",
                  "test_evaluation.py", "test_fit.py", "test_cluster_checks.py", "test_environments.py",
                  "test_native.py", "test_connect.py", "test_attach.py", "test_checkpoints.py", "test_transfer.py",
                  "test_predict.py", "test_concurrency.py", "test_saving.py", "test_tracking.py", "test_tuning.py")

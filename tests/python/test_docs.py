@@ -1,20 +1,30 @@
-"""The docs as their readers use them: every Python block in the guides (docs/**/*.md, README.md) runs here, or is
-marked cluster-only and has its calls checked against tfbarrier's signatures; the README stays short and every
-capability it lists is a page of the site's navigation; the reference and the errors' guide cover the public API.
+"""The docs as their readers use them: every Python block in the guides (docs/**/*.md, README.md) runs, here or on
+the Python suite's local Spark, or is marked cluster-only and has its calls checked against tfbarrier's signatures;
+the README stays short and every capability it lists is a page of the site's navigation; the reference and the
+errors' guide cover the public API.
 
-The marker is an HTML comment on the line above a block's fence, which the site does not show:
+A marker is an HTML comment on the line above a block's fence, which the site does not show:
 
     <!-- cluster-only -->
+    ```python
+    result = tfbarrier.fit(spark.table("training"), model, features="features", label="label", num_workers=16)
+    ```
+
+    <!-- with spark: digits -->
     ```python
     result = tfbarrier.fit(df, model, features="pixels", label="digit")
     ```
 
-A block without it runs, page by page in one namespace (a page's blocks build on each other), in a temporary
-directory, with no Spark: a model built, a preset named, an environment described, a bad call refused. A
-cluster-only block is parsed (it must be Python) and every call of tfbarrier's functions, classes and of the
-methods of what they return (``result = tfbarrier.fit(...)``: a FitResult) is bound to their signatures: an
-argument renamed or removed in the code fails here, not in the reader's hands. tests/testthat/test-docs.R does the
-same for the R blocks, against the functions' formals. No Spark, no training: a few seconds and TensorFlow's import.
+A block without one runs here, page by page in one namespace (a page's blocks build on each other), in a temporary
+directory, with no Spark: a model built, a preset named, an environment described, a bad call refused. A block
+marked ``with spark`` runs in tests/python/test_docs_examples.py, on the Python suite's local Spark and tiny data,
+its page's other runnable blocks before it; after the colon, the scene that gives it what a reader already has in
+hand (``df``, ``model``...: that file says what each scene holds). A cluster-only block (one that needs a real
+cluster: a YARN master, an attached JVM) is parsed (it must be Python) and every call of tfbarrier's functions,
+classes and of the methods of what they return (``result = tfbarrier.fit(...)``: a FitResult) is bound to their
+signatures: an argument renamed or removed in the code fails here, not in the reader's hands. The ``with spark``
+blocks are checked so too. tests/testthat/test-docs.R does the same for the R blocks, against the functions'
+formals. No Spark, no training here: a few seconds and TensorFlow's import.
 """
 
 import ast
@@ -29,10 +39,12 @@ import pytest
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DOCS = os.path.join(ROOT, "docs")
 MARKER = "<!-- cluster-only -->"
+SPARK_MARKER = re.compile(r"^<!-- with spark(?:: (?P<scene>[\w-]+))? -->$")
 README_MAX_LINES = 250
 PYTHON = ("python", "py")
 FENCE = re.compile(r"^(?P<indent> {0,3}|    )(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 COUNTS = {"run": 0, "checked": 0, "calls": 0}
+NO_SCENE = ""
 
 
 @dataclasses.dataclass
@@ -42,6 +54,11 @@ class Block:
     language: str
     code: str
     cluster_only: bool
+    scene: str = None  # a block that runs on local Spark: its scene's name (NO_SCENE: none); None: no Spark
+
+    @property
+    def on_spark(self):
+        return self.scene is not None
 
     @property
     def where(self):
@@ -69,14 +86,16 @@ def blocks(page):
         if open_fence is None:
             if match:
                 indent = len(match["indent"])
+                spark = SPARK_MARKER.match(previous.strip())
+                scene = None if spark is None else spark["scene"] or NO_SCENE
                 open_fence = (match["fence"], indent, number, match["info"].strip().split(" ")[0].lower(),
-                              previous.strip() == MARKER, [])
+                              previous.strip() == MARKER, scene, [])
             elif line.strip():
                 previous = line
             continue
-        fence, indent, start, language, marked, body = open_fence
+        fence, indent, start, language, marked, scene, body = open_fence
         if match and match["fence"][0] == fence[0] and len(match["fence"]) >= len(fence) and not match["info"].strip():
-            found.append(Block(page, start, language, "\n".join(body), marked))
+            found.append(Block(page, start, language, "\n".join(body), marked, scene))
             open_fence, previous = None, ""
         else:
             body.append(line[indent:] if line[:indent].strip() == "" else line)
@@ -86,8 +105,10 @@ def blocks(page):
 
 ALL_BLOCKS = [block for page in pages() for block in blocks(page)]
 PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.language in PYTHON]
-RUN_PAGES = sorted({block.page for block in PYTHON_BLOCKS if not block.cluster_only})
-CHECKED = [block for block in PYTHON_BLOCKS if block.cluster_only]
+RUN_HERE = [block for block in PYTHON_BLOCKS if not block.cluster_only and not block.on_spark]
+RUN_PAGES = sorted({block.page for block in RUN_HERE})
+ON_SPARK = [block for block in PYTHON_BLOCKS if block.on_spark]
+CHECKED = [block for block in PYTHON_BLOCKS if block.cluster_only or block.on_spark]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,8 +117,13 @@ def counts(request):
     yield
     plugins = request.config.pluginmanager
     reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
-    line = (f"docs examples: {COUNTS['run']} Python blocks run, {COUNTS['checked']} cluster-only Python blocks "
-            f"checked ({COUNTS['calls']} calls bound to tfbarrier's signatures), in {len(pages())} pages")
+    cluster_only = sum(block.cluster_only for block in PYTHON_BLOCKS)
+    r_blocks = [block for block in ALL_BLOCKS if block.language == "r"]
+    line = (f"docs examples: of {len(PYTHON_BLOCKS)} Python blocks in {len(pages())} pages, {COUNTS['run']} run here, "
+            f"{len(ON_SPARK)} run on local Spark (test_docs_examples.py, in the Python suite), {cluster_only} "
+            f"cluster-only; {COUNTS['checked']} had their calls checked ({COUNTS['calls']} calls bound to tfbarrier's "
+            f"signatures); of {len(r_blocks)} R blocks, {sum(b.on_spark for b in r_blocks)} run on local Spark "
+            f"(test-docs-examples.R, in R CMD check), all checked (test-docs.R)")
     if reporter is None or capture is None:  # pytest-xdist's workers: no terminal of their own
         print(line)
         return
@@ -112,13 +138,14 @@ def counts(request):
 def test_a_pages_python_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": f"docs:{page}"}
-    for block in PYTHON_BLOCKS:
-        if block.page == page and not block.cluster_only:
+    for block in RUN_HERE:
+        if block.page == page:
             try:
                 exec(compile(block.code, block.where, "exec"), namespace)
             except Exception as exc:
                 raise AssertionError(f"{block.where}: the block failed ({type(exc).__name__}: {exc}); mark it "
-                                     f"{MARKER} if it needs a cluster") from exc
+                                     f"<!-- with spark: SCENE --> if it needs Spark, {MARKER} if a real "
+                                     f"cluster") from exc
             COUNTS["run"] += 1
 
 
@@ -302,7 +329,7 @@ def earlier_blocks(block):
 
 
 @pytest.mark.parametrize("block", CHECKED, ids=[block.where for block in CHECKED])
-def test_a_cluster_only_blocks_calls_take_the_arguments_it_gives(block):
+def test_the_calls_of_a_block_that_needs_spark_or_a_cluster_take_the_arguments_it_gives(block):
     calls = check(block, earlier_blocks(block))
     assert calls.problems == [], f"{block.where}: " + "; ".join(calls.problems)
     COUNTS["checked"] += 1
@@ -331,20 +358,28 @@ def test_the_check_catches_a_renamed_argument_a_misspelt_attribute_and_a_bad_opt
         assert caught in problems, (caught, problems)
 
 
-def test_every_python_block_is_run_or_checked_and_r_blocks_are_marked():
-    assert len(PYTHON_BLOCKS) == len(CHECKED) + sum(1 for b in PYTHON_BLOCKS if not b.cluster_only)
-    assert len(CHECKED) >= 30 and len(PYTHON_BLOCKS) - len(CHECKED) >= 5, (len(CHECKED), len(PYTHON_BLOCKS))
-    # R blocks run nowhere here: test-docs.R checks each against the functions' formals, so each says so
-    unmarked = [block.where for block in ALL_BLOCKS if block.language == "r" and not block.cluster_only]
+def test_most_python_blocks_run_the_rest_are_checked_and_r_blocks_are_marked():
+    cluster_only = [block for block in PYTHON_BLOCKS if block.cluster_only]
+    assert len(PYTHON_BLOCKS) == len(RUN_HERE) + len(ON_SPARK) + len(cluster_only)
+    assert not any(block.cluster_only and block.on_spark for block in PYTHON_BLOCKS)
+    # most of the guides' blocks, R's included, run somewhere; only what needs a real cluster does not
+    r_blocks = [block for block in ALL_BLOCKS if block.language == "r"]
+    ran = len(RUN_HERE) + len(ON_SPARK) + sum(block.on_spark for block in r_blocks)
+    assert ran > (len(PYTHON_BLOCKS) + len(r_blocks)) / 2, (ran, len(PYTHON_BLOCKS), len(r_blocks))
+    # R blocks run nowhere here: test-docs.R checks each against the functions' formals, and
+    # test-docs-examples.R runs those marked with spark, so each says which it is
+    unmarked = [block.where for block in r_blocks if not block.cluster_only and not block.on_spark]
     assert unmarked == [], f"R blocks without {MARKER}: {unmarked}"
     # a marker is for a block that follows it
     for page in pages():
         with open(os.path.join(ROOT, page)) as f:
             lines = f.read().splitlines()
         for number, line in enumerate(lines, 1):
-            if line.strip() == MARKER:
+            if line.strip() == MARKER or SPARK_MARKER.match(line.strip()):
                 following = next((l for l in lines[number:] if l.strip()), "")
-                assert FENCE.match(following), f"{page}:{number}: {MARKER} with no block under it"
+                assert FENCE.match(following), f"{page}:{number}: {line.strip()} with no block under it"
+            elif line.strip().startswith("<!-- with"):
+                raise AssertionError(f"{page}:{number}: {line.strip()}: not a marker (<!-- with spark: SCENE -->)")
 
 
 # ---- the README and the site's navigation ----------------------------------------------------------------------

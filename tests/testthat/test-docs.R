@@ -1,69 +1,10 @@
-# The guides' R blocks (docs/**/*.md, README.md, pkgdown/index.md) run nowhere in the tests (they need a cluster,
-# or sparklyr): each is marked cluster-only, and every call it makes to one of tfbarrier's exported functions is
-# matched to that function's formals here, as test-vignette.R does the vignette's sparklyr chunks. What a call
+# The guides' R blocks (docs/**/*.md, README.md, pkgdown/index.md): each is marked cluster-only (it needs a cluster,
+# or sparklyr) or `<!-- with spark: SCENE -->` (test-docs-examples.R runs it on the tests' local Spark), and every
+# call it makes to one of tfbarrier's exported functions is matched to that function's formals here, as
+# test-vignette.R does the vignette's sparklyr chunks. What a call
 # passes through `...` to the Python core (spark_tf_fit()'s to fit(), spark_tf_tune()'s to tune() and fit()) must
 # be an argument the core takes. So a renamed argument breaks the build, not the reader. tests/python/test_docs.py
 # checks the Python blocks.
-#
-# The guides are not in the R package: the tests find the repository through TFBARRIER_SOURCE_DIR (the Makefile
-# exports it, for `make test-docs` and R CMD check alike), or as the directory two above this file's.
-
-source_dir <- function() {
-  candidates <- c(Sys.getenv("TFBARRIER_SOURCE_DIR"), testthat::test_path("..", ".."))
-  found <- Filter(function(dir) nzchar(dir) && file.exists(file.path(dir, "mkdocs.yml")), candidates)
-  if (length(found) == 0) skip("the guides are not here: set TFBARRIER_SOURCE_DIR to the repository")
-  normalizePath(found[[1]])
-}
-
-doc_pages <- function(root) {
-  guides <- list.files(file.path(root, "docs"), pattern = "\\.md$", recursive = TRUE)
-  guides <- guides[!startsWith(guides, "r/")]  # the pkgdown site built into docs/r
-  c("README.md", "pkgdown/index.md", file.path("docs", guides))
-}
-
-# The fenced blocks of a Markdown file, CommonMark's way (a fence closes on the same character, at least as long,
-# with no info string; a fence in a tab, indented four spaces, is dedented): language, line, code, whether the line
-# above the fence is the cluster-only marker.
-doc_blocks <- function(root, page) {
-  lines <- readLines(file.path(root, page), warn = FALSE)
-  fence <- "^( {0,4})(`{3,}|~{3,})\\s*([^`]*)$"
-  blocks <- list()
-  open <- NULL
-  previous <- ""
-  for (i in seq_along(lines)) {
-    line <- lines[[i]]
-    m <- regmatches(line, regexec(fence, line))[[1]]
-    if (is.null(open)) {
-      if (length(m)) {
-        info <- trimws(m[[4]])
-        open <- list(indent = nchar(m[[2]]), fence = m[[3]], line = i, body = character(),
-                     language = tolower(sub(" .*", "", info)), marked = identical(trimws(previous), "<!-- cluster-only -->"))
-      } else if (nzchar(trimws(line))) {
-        previous <- line
-      }
-      next
-    }
-    closes <- length(m) && substr(m[[3]], 1, 1) == substr(open$fence, 1, 1) && nchar(m[[3]]) >= nchar(open$fence) &&
-      !nzchar(trimws(m[[4]]))
-    if (closes) {
-      blocks[[length(blocks) + 1]] <- list(page = page, line = open$line, language = open$language,
-                                           code = paste(open$body, collapse = "\n"), marked = open$marked)
-      open <- NULL
-      previous <- ""
-    } else {
-      body <- if (open$indent > 0 && !nzchar(trimws(substr(line, 1, open$indent)))) substring(line, open$indent + 1) else line
-      open$body <- c(open$body, body)
-    }
-  }
-  expect_null(open, label = sprintf("%s: a fence that never closes", page))
-  blocks
-}
-
-r_blocks <- function() {
-  root <- source_dir()
-  blocks <- unlist(lapply(doc_pages(root), function(page) doc_blocks(root, page)), recursive = FALSE)
-  Filter(function(block) identical(block$language, "r"), blocks)
-}
 
 # What a call hands the core through `...`: the names match.call() put there.
 through_dots <- function(fun, matched) {
@@ -122,12 +63,13 @@ block_problems <- function(block) {
   list(problems = problems, calls = length(calls))
 }
 
-test_that("every R block of the guides is marked cluster-only, parses, and calls tfbarrier with arguments it takes", {
+test_that("every R block of the guides is marked, parses, and calls tfbarrier with arguments it takes", {
   skip_if_no_core()  # the core's parameters, for what passes through `...`
   blocks <- r_blocks()
   expect_gt(length(blocks), 15)
-  unmarked <- vapply(Filter(function(block) !block$marked, blocks), function(b) sprintf("%s:%d", b$page, b$line), "")
-  expect_equal(unmarked, character(0), label = "R blocks without <!-- cluster-only -->")
+  unmarked <- Filter(function(block) !block$marked && is.null(block$scene), blocks)
+  expect_equal(vapply(unmarked, function(b) sprintf("%s:%d", b$page, b$line), ""), character(0),
+               label = "R blocks with neither <!-- cluster-only --> nor <!-- with spark: SCENE -->")
   checked <- lapply(blocks, block_problems)
   expect_equal(unlist(lapply(checked, `[[`, "problems")), character(0))
   counted <- vapply(checked, function(result) result$calls, integer(1))
