@@ -171,12 +171,16 @@ spark_tf_predict <- function(sdf, fit, features = NULL, output_col = "prediction
 #' @param lora_rank The LoRA adapters' rank, or `NULL` for none (the whole model trains and comes back).
 #' @param prepare `NULL`, or a Python function of the loaded model (through reticulate) called in each training
 #'   process before training, e.g. to compile it with your optimizer; without it the task keeps KerasHub's compile.
+#' @param quantize `NULL` (the weights as saved), `"int8"` or `"int4"`: each training process quantizes the
+#'   backbone's weights (Keras's `quantize()`) before it enables the adapters, which train over them (QLoRA's
+#'   idea); needs `lora_rank`. A preset saved already quantized loads as it is, never holding its float weights.
 #' @return A preset for `spark_tf_fit(model = )`. With `lora_rank`, the fit's `model` is the trained adapters:
 #'   `fit$model$save(path)` writes them (a `.lora.h5` file for `load_lora_weights()`), `fit$model$load()` returns
 #'   the preset's task with them. `save_to` in `spark_tf_fit()` saves preset directories (`epoch-001/`...,
 #'   the adapters merged into the weights) that KerasHub's `from_preset()` loads.
 #' @export
-tf_preset <- function(path, lora_rank = NULL, prepare = NULL) {
+tf_preset <- function(path, lora_rank = NULL, prepare = NULL, quantize = NULL) {
   check_given("path")
-  tf_call(core$preset(path.expand(path), lora_rank = if (!is.null(lora_rank)) as_int(lora_rank), prepare = prepare))
+  tf_call(core$preset(path.expand(path), lora_rank = if (!is.null(lora_rank)) as_int(lora_rank), prepare = prepare,
+                      quantize = quantize))
 }

@@ -20,6 +20,7 @@ from test_tracking import tracking_to
 
 import tfbarrier
 from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.models import presets
 from tfbarrier.models.presets import LoraAdapters
 
 FEATURES = {"token_ids": "ids", "padding_mask": "mask"}
@@ -135,13 +136,39 @@ def test_a_preset_is_refused_on_the_driver_when_it_is_no_task_or_with_a_text_col
         tfbarrier.fit(text, saved_preset, features="text", num_workers=1)
     with pytest.raises(InvalidArgumentError, match="lora_rank must be a positive integer"):
         tfbarrier.preset(saved_preset, lora_rank=0)
+    with pytest.raises(InvalidArgumentError, match="quantize must be one of 'int8', 'int4'"):
+        tfbarrier.preset(saved_preset, lora_rank=2, quantize="int3")
+    with pytest.raises(InvalidArgumentError, match="only LoRA adapters can train over them; give lora_rank"):
+        tfbarrier.preset(saved_preset, quantize="int8")
 
 
+def test_a_preset_saved_quantized_loads_quantized_and_refuses_another_mode(saved_preset, tmp_path):
+    """A preset quantized once and saved loads with its layers built in int8 (no float copy of its weights made to be
+    quantized again); asked for another mode, it is refused in words."""
+    import keras_hub
+
+    task = keras_hub.models.CausalLM.from_preset(saved_preset)
+    task.quantize("int8")
+    quantized = str(tmp_path / "int8")
+    task.save_to_preset(quantized)
+    loaded = presets.load_task(quantized, quantize="int8")
+    kernels = [w for w in loaded.backbone.weights if w.path.endswith("/kernel")]
+    assert kernels and all(w.dtype == "int8" for w in kernels), [(w.path, w.dtype) for w in kernels]
+    by_path = {w.path: w for w in task.backbone.weights}
+    for weight in loaded.backbone.weights:
+        np.testing.assert_array_equal(weight.numpy(), by_path[weight.path].numpy(), err_msg=weight.path)
+    with pytest.raises(ModelError, match="was saved quantized to int8, not int4"):
+        presets.load_task(quantized, quantize="int4")
+    assert presets.quantization_of(presets.load_task(saved_preset).backbone) is None
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
 def test_a_lora_fine_tune_of_a_preset_from_a_text_column_equals_one_process_and_generates_on_the_executors(
-        spark, tmp_path):
+        spark, tmp_path, quantize):
     """The preset's own preprocessor, loaded with it by each training process, makes the token ids, the next-token
     labels and their mask from a string column; save_to's preset keeps it. (Before: "does not take a text column
-    yet".)"""
+    yet".) With quantize="int8", each process holds the backbone's weights in int8 and trains the adapters over
+    them as one process does (QLoRA's idea): the same losses, adapters and generated text."""
     import keras_hub
     import test_text
 
@@ -150,12 +177,14 @@ def test_a_lora_fine_tune_of_a_preset_from_a_text_column_equals_one_process_and_
     rows = test_text.ROWS_PER_WORKER  # a local: the partitioning function travels to the executors
     data = test_text.phrases(2 * rows, seed=4)
     df = partitioned(spark, data, lambda i: int(i >= rows), 2)
-    result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=2, prepare=compile_for_test), features="text",
-                           epochs=2, batch_size=test_text.GLOBAL_BATCH, num_workers=2, shuffle=False, seed=11,
-                           verbose=0, save_to=str(tmp_path / "saved"))
+    result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=2, prepare=compile_for_test, quantize=quantize),
+                           features="text", epochs=2, batch_size=test_text.GLOBAL_BATCH, num_workers=2, shuffle=False,
+                           seed=11, verbose=0, save_to=str(tmp_path / "saved"))
 
     keras.utils.set_random_seed(11)
     reference = keras_hub.models.CausalLM.from_preset(path)
+    if quantize:
+        reference.backbone.quantize(quantize)
     reference.backbone.enable_lora(2)
     compile_for_test(reference)
     history = reference.fit(test_text.in_global_batches(data)["text"].to_numpy(), batch_size=test_text.GLOBAL_BATCH,
@@ -170,6 +199,9 @@ def test_a_lora_fine_tune_of_a_preset_from_a_text_column_equals_one_process_and_
                                    err_msg=weight.path)
     saved = keras_hub.models.CausalLM.from_preset(result.saved[-1]["path"])
     assert saved.preprocessor is not None, result.saved
+    held = {w.path: w.dtype for w in result.model.load().backbone.weights}
+    assert (held["transformer_layer_0/self_attention/query/kernel"] == "int8") == (quantize == "int8"), held
+    assert presets.quantization_of(saved.backbone) == quantize  # the adapters merged into the weights as they train
 
     prompts = pd.DataFrame({"prompt": ["ab", "cd e", "h", "fgh fg"]})
     generated = tfbarrier.predict(partitioned(spark, prompts, lambda i: i % 2, 2), result, features="prompt",

@@ -342,7 +342,7 @@ test_that("spark_tf_fit trains a Keras 3 model of two inputs and two outputs fro
   expect_equal(dim(predicted$reg), c(10L, 1L))
 })
 
-test_that("spark_tf_fit fine-tunes a KerasHub preset's LoRA adapters, the preset loaded by the workers", {
+test_that("spark_tf_fit fine-tunes a KerasHub preset's LoRA adapters, the preset loaded (in int8) by the workers", {
   skip_if_no_tfbarrier()
   keras_hub <- tfbarrier:::import_after_tfbarrier("keras_hub")
   keras <- tfbarrier:::import_after_tfbarrier("keras")
@@ -357,12 +357,18 @@ test_that("spark_tf_fit fine-tunes a KerasHub preset's LoRA adapters, the preset
   data$ids <- tokens[, 1:8]
   data$mask <- matrix(1L, nrow = 48, ncol = 8)
   data$labels <- tokens[, 2:9]
-  fit <- spark_tf_fit(data, tf_preset(path, lora_rank = 2), features = c(token_ids = "ids", padding_mask = "mask"),
-                      label = "labels", epochs = 2, batch_size = 8, num_workers = 2, spark = test_spark())
+  expect_error(tf_preset(path, quantize = "int8"), "give lora_rank", class = "InvalidArgumentError")
+  # the backbone held in int8 in each training process, the adapters training over it
+  fit <- spark_tf_fit(data, tf_preset(path, lora_rank = 2, quantize = "int8"),
+                      features = c(token_ids = "ids", padding_mask = "mask"), label = "labels", epochs = 2,
+                      batch_size = 8, num_workers = 2, spark = test_spark())
   expect_equal(nrow(fit$history), 2)
   expect_length(unique(fit$workers$checksum), 1)
   expect_equal(fit$model$rank, 2L)
+  expect_equal(fit$model$quantize, "int8")
   trained <- fit$model$load()
+  kernels <- Filter(function(w) endsWith(w$path, "query/kernel"), trained$weights)
+  expect_equal(vapply(kernels, function(w) w$dtype, ""), "int8")
   adapters <- Filter(function(w) grepl("lora", w$path), trained$weights)
   expect_equal(length(trained$trainable_weights), length(adapters))
   moved <- max(vapply(Filter(function(w) grepl("lora_kernel_b", w$path), adapters),

@@ -2,8 +2,9 @@
 
 The driver never builds the model: it reads the preset's ``task.json`` (which task class to load) and ships
 the path, the LoRA rank and the user's ``prepare`` function (cloudpickled). Each training process loads the
-task from the preset itself (``from_preset``), enables the adapters, calls ``prepare`` (compile, freeze) and
-trains natively (Keras 3). With adapters, only they come back: the chief writes ``save_lora_weights``'s file
+task from the preset itself (``from_preset``), quantizes its backbone where asked (``quantize="int8"``: the frozen
+weights held in int8, QLoRA's idea with Keras's own quantization), enables the adapters, calls ``prepare``
+(compile, freeze) and trains natively (Keras 3). With adapters, only they come back: the chief writes ``save_lora_weights``'s file
 and the driver holds it (``LoraAdapters``, a few MB) however large the backbone; without, the chief's ``.keras``
 archive, the whole model.
 
@@ -30,27 +31,34 @@ ADAPTERS_FILE = "adapters.lora.h5"  # the chief's trained adapters (save_lora_we
 # In that file beside KerasHub's "lora" group: the task's other trainable weights, which save_lora_weights leaves
 # out (the attention biases enable_lora leaves trainable, a classifier's head), one dataset each, by weight path.
 OTHERS_GROUP = "tfbarrier_trained"
+QUANTIZE_MODES = ("int8", "int4")  # Keras's weight-only modes that LoRA trains over on TensorFlow
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """What the user asks for: a KerasHub preset directory every executor can read (a local path on each
     host, or a file system TensorFlow reads), LoRA adapters of ``lora_rank`` (None: none), and ``prepare``, a
-    function of the loaded model run before training (compile it, freeze layers)."""
+    function of the loaded model run before training (compile it, freeze layers); ``quantize``, the mode its
+    backbone's weights are held in (None: as saved)."""
 
     path: str
     lora_rank: int = None
     prepare: object = None
+    quantize: str = None
 
 
-def preset(path, lora_rank=None, prepare=None):
+def preset(path, lora_rank=None, prepare=None, quantize=None):
     """A KerasHub preset for ``fit``'s ``model=``, loaded by the training processes, never by the driver: ``path``, a
     directory every executor reads, or a handle each downloads into its host's cache (``hf://org/model``,
     ``kaggle://...``, a built-in name).
     ``lora_rank``: enable LoRA adapters of that rank on the task's backbone (only they train and come back);
     ``prepare``: a function of the loaded model, called in each training process before training (e.g.
     ``lambda m: m.compile(optimizer=keras.optimizers.Adam(5e-5))``); without it the task keeps the compile
-    KerasHub gave it."""
+    KerasHub gave it.
+    ``quantize``: ``"int8"`` or ``"int4"``: each training process quantizes the backbone's weights (Keras's
+    ``quantize``) before it enables the adapters, which train in float over the frozen quantized weights (QLoRA's
+    idea); needs ``lora_rank``. A preset saved already quantized (``task.quantize("int8")``, then
+    ``task.save_to_preset``) loads as it is, never holding its float weights: the way to the smallest peak."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise InvalidArgumentError(f"preset must be the path of a KerasHub preset directory or a handle "
                                    f"(hf://org/model), got {path!r}")
@@ -58,7 +66,13 @@ def preset(path, lora_rank=None, prepare=None):
         raise InvalidArgumentError(f"lora_rank must be a positive integer (or None: no adapters), got {lora_rank!r}")
     if prepare is not None and not callable(prepare):
         raise InvalidArgumentError(f"prepare must be a function of the loaded model, got {type(prepare).__name__}")
-    return Preset(os.fspath(path), lora_rank, prepare)
+    if quantize is not None and quantize not in QUANTIZE_MODES:
+        raise InvalidArgumentError(f"quantize must be one of {', '.join(map(repr, QUANTIZE_MODES))} (or None: the "
+                                   f"weights as saved), got {quantize!r}")
+    if quantize is not None and lora_rank is None:
+        raise InvalidArgumentError(f"quantize={quantize!r} freezes the backbone's weights in {quantize}: only LoRA "
+                                   "adapters can train over them; give lora_rank (e.g. lora_rank=4)")
+    return Preset(os.fspath(path), lora_rank, prepare, quantize)
 
 
 def is_preset(model):
@@ -97,6 +111,7 @@ class PresetModel:
     task: str = None  # the task class's registered name ("keras_hub>LlamaCausalLM"); None: read by the process
     lora_rank: int = None
     prepare: object = None  # transfer.Payload of PREPARE_FILE
+    quantize: str = None
     # memory.ModelSize from the preset's weights files, where the driver sees them: a floor (what a step keeps, and
     # prepare's optimizer's slots, only the training process that loaded the task counts)
     size: object = None
@@ -109,13 +124,14 @@ class PresetModel:
     @classmethod
     def from_preset(cls, chosen, files):
         pickled = chosen.prepare and files.add_bytes(PREPARE_FILE, _pickled(chosen.prepare))
-        return cls(chosen.path, task_class(chosen.path), chosen.lora_rank, pickled, size=_size_of_files(chosen))
+        return cls(chosen.path, task_class(chosen.path), chosen.lora_rank, pickled, chosen.quantize,
+                   size=_size_of_files(chosen))
 
     # ---- in the training process ----
     def build(self, workdir):
-        """The task loaded from the preset, its adapters enabled, ``prepare`` called; compiled."""
-        with _downloading(self.path):
-            loaded = task_of(self.path, self.task).from_preset(self.path)
+        """The task loaded from the preset (its backbone quantized where asked), its adapters enabled, ``prepare``
+        called; compiled."""
+        loaded = load_task(self.path, self.task, self.quantize)
         if self.lora_rank:
             loaded.backbone.enable_lora(self.lora_rank)
         if self.prepare is not None:
@@ -144,7 +160,7 @@ class PresetModel:
         """The adapters (``LoraAdapters``) with LoRA, else the whole trained model loaded from its archive."""
         if self.lora_rank:
             with open(path, "rb") as f:
-                return LoraAdapters(self.path, self.task, self.lora_rank, f.read())
+                return LoraAdapters(self.path, self.task, self.lora_rank, f.read(), self.quantize)
         import keras
         import keras_hub  # noqa: F401
 
@@ -154,12 +170,13 @@ class PresetModel:
 @dataclasses.dataclass(frozen=True)
 class LoraAdapters:
     """What a LoRA fit of a preset returns: the trained adapters (``save_lora_weights``'s file, as bytes), and
-    the preset and rank they go on."""
+    the preset, rank and quantization they go on."""
 
     preset: str
     task: str
     rank: int
     weights: bytes
+    quantize: str = None
 
     def save(self, path):
         """Write the adapters to ``path`` (a ``.lora.h5`` file KerasHub's ``load_lora_weights`` reads)."""
@@ -173,19 +190,50 @@ class LoraAdapters:
         driver, whose executors load the preset themselves."""
         with tempfile.TemporaryDirectory(prefix="tfbarrier-") as tmp:
             return task_with_adapters(self.preset, self.task, self.rank,
-                                      self.save(os.path.join(tmp, ADAPTERS_FILE)) if weights else None)
+                                      self.save(os.path.join(tmp, ADAPTERS_FILE)) if weights else None, self.quantize)
 
 
-def task_with_adapters(preset, task, rank, adapters_file=None):
-    """The task of ``preset`` (its registered class name ``task``, None: read from the preset) with LoRA adapters
-    of ``rank`` enabled and read from ``adapters_file``; None: with no file, nor the preset's weights read."""
-    with _downloading(preset):
-        model = task_of(preset, task).from_preset(preset, load_weights=adapters_file is not None)
+def task_with_adapters(preset, task, rank, adapters_file=None, quantize=None):
+    """The task of ``preset`` (its registered class name ``task``, None: read from the preset), quantized as
+    ``quantize`` asks, with LoRA adapters of ``rank`` enabled and read from ``adapters_file``; None: with no file,
+    nor the preset's weights read."""
+    model = load_task(preset, task, quantize, load_weights=adapters_file is not None)
     model.backbone.enable_lora(rank)
     if adapters_file is not None:
         model.backbone.load_lora_weights(adapters_file)
         _read_others(model, adapters_file)
     return model
+
+
+def load_task(path, task=None, quantize=None, load_weights=True):
+    """The task of the preset at ``path``, its backbone's weights quantized to ``quantize`` (None: as saved). A preset
+    saved quantized loads so (Keras rebuilds its layers quantized): it is quantized again by no one, and refused
+    where it holds another mode than ``quantize``."""
+    import warnings
+
+    with _downloading(path):
+        model = task_of(path, task).from_preset(path, load_weights=load_weights)
+    if quantize is None:
+        return model
+    saved = quantization_of(model.backbone)
+    if saved is None:
+        with warnings.catch_warnings():  # one per layer Keras does not quantize (norms, dropout...): as meant
+            warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method")
+            model.backbone.quantize(quantize)
+    elif saved != quantize:
+        raise ModelError(f"the preset {path!r} was saved quantized to {saved}, not {quantize}: give "
+                         f"quantize={saved!r} (or None), or a preset saved in float")
+    return model
+
+
+def quantization_of(backbone):
+    """The mode (``"int8"``...) the backbone's layers hold their weights in, None for float: its first quantized layer's
+    (Keras quantizes a model's layers in one mode), found in the walk Keras's own ``Model.quantize`` makes."""
+    for layer in backbone._flatten_layers(include_self=False):
+        mode = getattr(layer, "quantization_mode", None)
+        if mode:
+            return mode
+    return None
 
 
 def write_adapters(model, path):

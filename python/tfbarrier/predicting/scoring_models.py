@@ -76,7 +76,8 @@ def scoring_model(spark, model, adapters=None):
     model_id = hashlib.sha256((config + source["payload"].name).encode()).hexdigest()[:32]
     # Keras 3's own classes and functions the config names (custom layers, a subclassed model's class)
     objects = native_model.pickled_custom_objects(model) if flavor == "keras3" and adapters is None else None
-    preset = adapters and {"path": adapters.preset, "task": adapters.task, "rank": adapters.rank}
+    preset = adapters and {"path": adapters.preset, "task": adapters.task, "rank": adapters.rank,
+                           "quantize": adapters.quantize}
     return {"flavor": flavor, "config": config, "id": model_id, "objects": objects, "preset": preset, **source}
 
 
@@ -157,7 +158,8 @@ def load(scoring):
         objects = cloudpickle.loads(scoring["objects"]) if scoring.get("objects") else {}
         if scoring.get("preset"):
             preset = scoring["preset"]
-            model = presets.task_with_adapters(preset["path"], preset["task"], preset["rank"], weights_file(scoring))
+            model = presets.task_with_adapters(preset["path"], preset["task"], preset["rank"], weights_file(scoring),
+                                               preset["quantize"])
         elif scoring["payload"].name.endswith(".keras"):
             model = native_model.load_archive(weights_file(scoring), objects)
         else:
