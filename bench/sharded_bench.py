@@ -2,7 +2,9 @@
 replicated state: MLPs (input 1024, 10 outputs) trained with Adam by 2 and 4 workers on one local[N] Spark, the
 two contenders in turn, round by round: the large-model bench's (two hidden layers, the second of most of the
 weights) and a deep one of 16 equal layers. The first kind's large matrix is cut into a block of rows per worker
-(exchange/placement.py), the second's layers go whole: the two ways the state is spread.
+(exchange/placement.py), the second's layers go whole: the two ways the state is spread. A third contender is
+the floor no sharding of the optimizer's state can go below: the same model replicated with plain SGD, which
+keeps no state at all (what remains is the weights, their gradients and the step's own temporaries).
 
 Per fit it records each training process's peak resident memory (``result.workers[i]["memory"]``: its peak, and
 its growth over TensorFlow's baseline before the model), and the steps per second of the fit's training (its
@@ -29,16 +31,17 @@ INPUT, OUTPUTS, BATCH, STEPS = 1024, 10, 64, 8
 # (hidden width, hidden layers): large_model_bench's 61 M and 250 M models, whose second layer holds 87% and 94%
 # of their weights; and 65 M parameters in 16 layers of 2048 (one matrix, 6% of them, at most)
 MODELS = {"mlp61": (7310, 2), "mlp250": (15300, 2), "deep65": (2048, 16)}
-CONTENDERS = {"replicated": {}, "sharded": {"shard": "optimizer"}}
+CONTENDERS = {"replicated": ({}, "adam"), "sharded": ({"shard": "optimizer"}, "adam"),
+              "no state (plain SGD)": ({}, "sgd")}  # name: (communication, optimizer)
 
 
-def build(name):
+def build(name, optimizer="adam"):
     import keras
 
     hidden, layers = MODELS[name]
     model = keras.Sequential([keras.Input((INPUT,)), *[keras.layers.Dense(hidden, activation="relu")
                                                       for _ in range(layers)], keras.layers.Dense(OUTPUTS)])
-    model.compile(optimizer=keras.optimizers.Adam(1e-4),
+    model.compile(optimizer=keras.optimizers.Adam(1e-4) if optimizer == "adam" else keras.optimizers.SGD(1e-4),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
@@ -60,9 +63,9 @@ def driver(model_name, workers, rounds):
     tfbarrier.fit(df, build(model_name), features="x", label="y", batch_size=BATCH, num_workers=workers, epochs=1,
                   steps_per_epoch=1, verbose=0)
     for number in range(rounds):
-        for name, communication in CONTENDERS.items():
+        for name, (communication, optimizer) in CONTENDERS.items():
             harness.settle()
-            result = tfbarrier.fit(df, build(model_name), features="x", label="y", batch_size=BATCH,
+            result = tfbarrier.fit(df, build(model_name, optimizer), features="x", label="y", batch_size=BATCH,
                                    num_workers=workers, epochs=1, communication=communication, verbose=0)
             peaks = [w["memory"]["peak_mb"] for w in result.workers]
             growth = [w["memory"]["peak_mb"] - w["memory"]["tensorflow_mb"] for w in result.workers]
@@ -106,7 +109,8 @@ def main():
         print(spec, runs[(model_name, int(workers))], flush=True)
     harness.write_section("sharded-optimizer", "### The optimizer's state sharded over the ring\n\n"
                           "Adam, global batch 64, 8 steps a fit; medians over rounds, the contenders in turn "
-                          "(`bench/sharded_bench.py`).\n\n" + table(runs))
+                          "(`bench/sharded_bench.py`); the floor, plain SGD replicated, keeps no optimizer state "
+                          "at all.\n\n" + table(runs))
 
 
 if __name__ == "__main__":
