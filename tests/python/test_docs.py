@@ -108,7 +108,9 @@ PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.language in PYTHON]
 RUN_HERE = [block for block in PYTHON_BLOCKS if not block.cluster_only and not block.on_spark]
 RUN_PAGES = sorted({block.page for block in RUN_HERE})
 ON_SPARK = [block for block in PYTHON_BLOCKS if block.on_spark]
-CHECKED = [block for block in PYTHON_BLOCKS if block.cluster_only or block.on_spark]
+CLUSTER_ONLY = [block for block in PYTHON_BLOCKS if block.cluster_only]
+CHECKED = CLUSTER_ONLY + ON_SPARK
+R_BLOCKS = [block for block in ALL_BLOCKS if block.language == "r"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -117,12 +119,10 @@ def counts(request):
     yield
     plugins = request.config.pluginmanager
     reporter, capture = plugins.getplugin("terminalreporter"), plugins.getplugin("capturemanager")
-    cluster_only = sum(block.cluster_only for block in PYTHON_BLOCKS)
-    r_blocks = [block for block in ALL_BLOCKS if block.language == "r"]
     line = (f"docs examples: of {len(PYTHON_BLOCKS)} Python blocks in {len(pages())} pages, {COUNTS['run']} run here, "
-            f"{len(ON_SPARK)} run on local Spark (test_docs_examples.py, in the Python suite), {cluster_only} "
+            f"{len(ON_SPARK)} run on local Spark (test_docs_examples.py, in the Python suite), {len(CLUSTER_ONLY)} "
             f"cluster-only; {COUNTS['checked']} had their calls checked ({COUNTS['calls']} calls bound to tfbarrier's "
-            f"signatures); of {len(r_blocks)} R blocks, {sum(b.on_spark for b in r_blocks)} run on local Spark "
+            f"signatures); of {len(R_BLOCKS)} R blocks, {sum(b.on_spark for b in R_BLOCKS)} run on local Spark "
             f"(test-docs-examples.R, in R CMD check), all checked (test-docs.R)")
     if reporter is None or capture is None:  # pytest-xdist's workers: no terminal of their own
         print(line)
@@ -359,17 +359,15 @@ def test_the_check_catches_a_renamed_argument_a_misspelt_attribute_and_a_bad_opt
 
 
 def test_most_python_blocks_run_the_rest_are_checked_and_r_blocks_are_marked():
-    cluster_only = [block for block in PYTHON_BLOCKS if block.cluster_only]
-    assert len(PYTHON_BLOCKS) == len(RUN_HERE) + len(ON_SPARK) + len(cluster_only)
+    assert len(PYTHON_BLOCKS) == len(RUN_HERE) + len(ON_SPARK) + len(CLUSTER_ONLY)
     assert not any(block.cluster_only and block.on_spark for block in PYTHON_BLOCKS)
     # most of the guides' blocks, R's included, run somewhere; only what needs a real cluster does not
-    r_blocks = [block for block in ALL_BLOCKS if block.language == "r"]
-    ran = len(RUN_HERE) + len(ON_SPARK) + sum(block.on_spark for block in r_blocks)
-    assert ran > (len(PYTHON_BLOCKS) + len(r_blocks)) / 2, (ran, len(PYTHON_BLOCKS), len(r_blocks))
+    ran = len(RUN_HERE) + len(ON_SPARK) + sum(block.on_spark for block in R_BLOCKS)
+    assert ran > (len(PYTHON_BLOCKS) + len(R_BLOCKS)) / 2, (ran, len(PYTHON_BLOCKS), len(R_BLOCKS))
     # R blocks run nowhere here: test-docs.R checks each against the functions' formals, and
     # test-docs-examples.R runs those marked with spark, so each says which it is
-    unmarked = [block.where for block in r_blocks if not block.cluster_only and not block.on_spark]
-    assert unmarked == [], f"R blocks without {MARKER}: {unmarked}"
+    unmarked = [block.where for block in R_BLOCKS if not block.cluster_only and not block.on_spark]
+    assert unmarked == [], f"R blocks with neither {MARKER} nor <!-- with spark: SCENE -->: {unmarked}"
     # a marker is for a block that follows it
     for page in pages():
         with open(os.path.join(ROOT, page)) as f:
