@@ -53,6 +53,13 @@ def check_model(model, column, keras3):
                      "arrays of token ids first")
 
 
+def sequence_widths(model):
+    """{None: tokens a row} of the inputs ``model``'s preprocessor makes (every one of them as long as its
+    ``sequence_length``), for the memory check's trace of a step; {} where the preprocessor does not say."""
+    length = getattr(getattr(model, "preprocessor", None), "sequence_length", None)
+    return {None: int(length)} if isinstance(length, int) and length > 0 else {}
+
+
 def take_off(model):
     """The model's preprocessor, taken off the model (see the module's docstring); ``put_back`` returns it."""
     preprocessor = model.preprocessor

@@ -97,7 +97,8 @@ def prepare(files, started, arguments):
     sharded = (communication or {}).get("shard", "none") != "none"
     memory.check_on_driver(spark, spec.size, rows, num_workers, chosen, sharded)  # as far as the model alone tells
     frame, source, profile = _training_frame(data, layout, num_workers, spec.input_shape, validation_data)
-    _check_memory_of_sequences(spark, spec, model, layout.widths(profile), rows, num_workers, chosen, sharded)
+    widths = text.sequence_widths(model) if layout.takes_text else layout.widths(profile)
+    _check_memory_of_sequences(spark, spec, model, widths, rows, num_workers, chosen, sharded)
     job = FitJob(model=spec, layout=layout, source=source,
                  callbacks=callbacks and files.add_bytes("callbacks.pkl", callbacks), checkpoint_dir=checkpoint_dir,
                  checkpoint_every=checkpoint_every, memory_check=memory.enabled(spark.conf.get), exchange=chosen,

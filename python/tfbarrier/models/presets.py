@@ -21,6 +21,7 @@ import tempfile
 import cloudpickle
 
 from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.models import quantized
 from tfbarrier.user_code import pickle_user_code
 
 HUB_SCHEMES = ("hf", "kaggle", "modelscope")  # handles KerasHub downloads: hf://org/model, kaggle://org/model/keras/v/1
@@ -31,7 +32,6 @@ ADAPTERS_FILE = "adapters.lora.h5"  # the chief's trained adapters (save_lora_we
 # In that file beside KerasHub's "lora" group: the task's other trainable weights, which save_lora_weights leaves
 # out (the attention biases enable_lora leaves trainable, a classifier's head), one dataset each, by weight path.
 OTHERS_GROUP = "tfbarrier_trained"
-QUANTIZE_MODES = ("int8", "int4")  # Keras's weight-only modes that LoRA trains over on TensorFlow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +66,8 @@ def preset(path, lora_rank=None, prepare=None, quantize=None):
         raise InvalidArgumentError(f"lora_rank must be a positive integer (or None: no adapters), got {lora_rank!r}")
     if prepare is not None and not callable(prepare):
         raise InvalidArgumentError(f"prepare must be a function of the loaded model, got {type(prepare).__name__}")
-    if quantize is not None and quantize not in QUANTIZE_MODES:
-        raise InvalidArgumentError(f"quantize must be one of {', '.join(map(repr, QUANTIZE_MODES))} (or None: the "
+    if quantize is not None and quantize not in quantized.MODES:
+        raise InvalidArgumentError(f"quantize must be one of {', '.join(map(repr, quantized.MODES))} (or None: the "
                                    f"weights as saved), got {quantize!r}")
     if quantize is not None and lora_rank is None:
         raise InvalidArgumentError(f"quantize={quantize!r} freezes the backbone's weights in {quantize}: only LoRA "
@@ -206,34 +206,19 @@ def task_with_adapters(preset, task, rank, adapters_file=None, quantize=None):
 
 
 def load_task(path, task=None, quantize=None, load_weights=True):
-    """The task of the preset at ``path``, its backbone's weights quantized to ``quantize`` (None: as saved). A preset
-    saved quantized loads so (Keras rebuilds its layers quantized): it is quantized again by no one, and refused
-    where it holds another mode than ``quantize``."""
-    import warnings
-
+    """The task of the preset at ``path``, its backbone's weights quantized to ``quantize`` (None: as saved), its
+    quantized layers computing in float one at a time (quantized.py). A preset saved quantized loads so (Keras
+    rebuilds its layers quantized): it is quantized again by no one, and refused where it holds another mode than
+    ``quantize``."""
     with _downloading(path):
         model = task_of(path, task).from_preset(path, load_weights=load_weights)
-    if quantize is None:
-        return model
-    saved = quantization_of(model.backbone)
-    if saved is None:
-        with warnings.catch_warnings():  # one per layer Keras does not quantize (norms, dropout...): as meant
-            warnings.filterwarnings("ignore", message="Layer .* does not have a `quantize` method")
-            model.backbone.quantize(quantize)
-    elif saved != quantize:
+    saved = quantized.mode_of(model.backbone)
+    if quantize is not None and saved is None:
+        quantized.quantize(model.backbone, quantize)
+    elif quantize is not None and saved != quantize:
         raise ModelError(f"the preset {path!r} was saved quantized to {saved}, not {quantize}: give "
                          f"quantize={saved!r} (or None), or a preset saved in float")
-    return model
-
-
-def quantization_of(backbone):
-    """The mode (``"int8"``...) the backbone's layers hold their weights in, None for float: its first quantized layer's
-    (Keras quantizes a model's layers in one mode), found in the walk Keras's own ``Model.quantize`` makes."""
-    for layer in backbone._flatten_layers(include_self=False):
-        mode = getattr(layer, "quantization_mode", None)
-        if mode:
-            return mode
-    return None
+    return quantized.compute_in_float(model)
 
 
 def write_adapters(model, path):
