@@ -106,7 +106,7 @@ def estimated_size(model, name):
     if name != "lora":
         return memory.ModelSize.of(model)
     shapes = memory.input_shapes(model, {"token_ids": SEQUENCE, "padding_mask": SEQUENCE})
-    return memory.ModelSize.of(model, native=True, archive=True).with_widths(model, shapes)
+    return memory.ModelSize.of(model, native=True).with_widths(model, shapes)
 
 
 def measure(df, name, optimizer):

@@ -285,7 +285,7 @@ def test_the_estimate_covers_the_peak_of_a_sequence_model_whose_steps_outweigh_i
     result = tfbarrier.fit(df.repartition(2), model, features={"tokens": "ids"}, label="labels", batch_size=rows,
                            epochs=1, steps_per_epoch=1, num_workers=2, verbose=0)
     peak_mb = max(w["memory"]["peak_mb"] for w in result.workers)
-    size = memory.ModelSize.of(model, native=True, archive=True)
+    size = memory.ModelSize.of(model, native=True)
     sized = size.with_widths(model, memory.input_shapes(model, {"tokens": length}))
     kept_mb = (sized.kept[0] * rows // 2 + sized.kept[1]) / 2**20
     estimate_mb = sized.worker_bytes(rows // 2) / 2**20

@@ -95,6 +95,21 @@ def test_a_text_classifier_fits_from_a_string_column_as_one_process_and_scores_o
     np.testing.assert_allclose(np.stack(scored["prediction"]), local, rtol=1e-4, atol=1e-5)
 
 
+def test_the_memory_check_traces_a_text_models_step_at_its_preprocessors_length():
+    """A text fit's inputs are as long as its preprocessor's sequence_length, which no profile of a string column
+    tells: the check traces a step at that length (before, nothing was traced: a transformer's layers hide their
+    outputs' sizes, so they counted as none)."""
+    from tfbarrier.data import text
+    from tfbarrier.models import memory
+
+    model = classifier()
+    widths = text.sequence_widths(model)
+    assert widths == {None: 8}
+    size = memory.ModelSize.of(model, native=True).with_widths(model, memory.input_shapes(model, widths))
+    assert size.kept is not None and size.kept[0] > 0, size.kept
+    assert text.sequence_widths(keras.Sequential([keras.Input((3,))])) == {}  # no preprocessor: nothing told
+
+
 def test_sample_weights_beside_a_string_column_weigh_each_row_as_in_one_process(spark):
     data = reviews(2 * ROWS_PER_WORKER, seed=3)
     data["weight"] = np.random.default_rng(4).uniform(0.1, 2.0, len(data)).astype("float32")

@@ -14,8 +14,9 @@ POOLED_SGD_COPIES), and each layer's output on a batch, kept for the backward pa
 length, unknown until the data's widths are; its blocks' insides, which no layer output shows) is
 traced instead, once the widths are known: what a step's backward pass keeps of its forward pass,
 tensor by tensor (``kept_for_backward``), counted once, as measured. A model that trains natively
-(Keras 3) holds Keras 3 besides (KERAS3_BYTES), and one built from its ``.keras`` archive its weights once
-more as the archive loaded them (a preset's weights, loaded variable by variable, are not held twice). The constants come from the peaks of real 2-worker fits
+(Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a variable at a time (a preset's, or a model
+object's archive unpacked: native_model.load_archive), are held once. The constants come from the peaks of real
+2-worker fits
 (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
 momentum and Adam; the strategy's at ec8e299, the ring's at 63fde93); bench/README.md has the estimate
 beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
@@ -46,8 +47,6 @@ from tfbarrier.spark.training_process import onednn_on
 MIB = 2**20
 TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
 KERAS3_BYTES = 160 * MIB  # Keras 3 (and KerasHub) besides, for a model that trains natively (813 MB at its start)
-# A native model's ``.keras`` archive, loaded, leaves about its weights' size held besides them: a 458 MB
-# LoRA model's process grew 774 MB in building it (bench/memory_estimate_bench.py, the "lora" row).
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
 SMALL_MODEL_BYTES = 128 * MIB  # the strategy's step keeps as many copies again of this much of the weights
 ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pass, and its gradient
@@ -102,20 +101,19 @@ class ModelSize:
     exchange: object = None  # how its gradients travel (an Exchange); None: tfbarrier's ring, the default
     kept: tuple = None  # traced (bytes a sample, bytes whatever the batch) a step keeps for its backward pass
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
-    archive: bool = False  # built from a ``.keras`` archive, which leaves its weights' size held besides them
     pooled: bool = False  # trains without oneDNN, in TensorFlow's BFC pool (POOLED_SGD_COPIES)
     shapes: tuple = ()  # ((shape, bytes a value) of each trainable variable): where sharded slots lie (placement.py)
     slot_share: float = 1.0  # the share of the slots a worker holds (communication's shard: about 1/N)
     blocks: int = 0  # bytes of the copies of cut variables' blocks a worker holds to update them (sharded)
 
     @classmethod
-    def of(cls, model, exchange=None, kept=None, native=False, archive=False):
+    def of(cls, model, exchange=None, kept=None, native=False):
         """``model``'s size, as this process's TensorFlow would train it (with oneDNN or not)."""
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
-                   exchange=exchange, kept=kept, native=native, archive=archive, pooled=onednn_on() is not True,
+                   exchange=exchange, kept=kept, native=native, pooled=onednn_on() is not True,
                    shapes=tuple((tuple(int(d) for d in v.shape), _itemsize(v)) for v in model.trainable_weights))
 
     def sharded(self, workers):
@@ -136,7 +134,7 @@ class ModelSize:
         kept = told and told.kept
         # a model function's too, when it built one (of a class of its own, whose module is the user's)
         native = job.model.native or ("keras" in sys.modules and isinstance(model, sys.modules["keras"].Model))
-        size = cls.of(model, job.exchange, kept=kept, native=native, archive=bool(told and told.archive))
+        size = cls.of(model, job.exchange, kept=kept, native=native)
         if kept is not None or widths is None:
             return size
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
@@ -160,7 +158,6 @@ class ModelSize:
                 else self.kept[0] * rows + self.kept[1])
         return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),
                 "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
-                "the weights as its archive loaded them": self.weights if self.archive else 0,
                 f"{self.optimizer}'s slots ({self.slots} per weight{self._held()})": int(
                     self.slots * self.trainable * self.slot_share),
                 "the blocks of weights it updates": self.blocks,

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import zipfile
 
 import cloudpickle
 
@@ -179,7 +180,7 @@ class NativeModel:
         input_shape = input_shape_of(model)
         pickled = pickled_custom_objects(model)
         return cls(archive=files.add_bytes(ARCHIVE_FILE, save_archive(model)), objects=files.add_bytes(OBJECTS_FILE, pickled),
-                   input_shape=input_shape, size=memory.ModelSize.of(model, native=True, archive=True), adapters=adapters,
+                   input_shape=input_shape, size=memory.ModelSize.of(model, native=True), adapters=adapters,
                    frozen=frozenset(v.path for v in model.weights if not v.trainable))
 
     def build(self, workdir):
@@ -257,8 +258,10 @@ class Adapters:
 
 
 def load_archive(path, objects):
-    """A ``.keras`` archive loaded by Keras 3 with ``objects``; an unbuilt optimizer's archive holds
-    none of its variables, which Keras warns about (nothing is lost: they start at zero)."""
+    """A ``.keras`` archive loaded by Keras 3 with ``objects``, from its files unpacked beside it: from an archive,
+    Keras reads the weights file whole into memory before it loads it (the weights held twice at the load's peak),
+    from a directory in place, a variable at a time. An unbuilt optimizer's archive holds none of its variables,
+    which Keras warns about (nothing is lost: they start at zero)."""
     import warnings
 
     import keras
@@ -266,18 +269,30 @@ def load_archive(path, objects):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
         warnings.filterwarnings("ignore", message=r"`compile\(\)` was not called as part of model loading")
-        model = keras.saving.load_model(os.fspath(path), custom_objects=objects, compile=True)
+        model = _load_unpacked(os.fspath(path), objects)
     if type(model).compile is not keras.Model.compile:
         _compile_as_saved(model, path, objects)
     return model
+
+
+def _load_unpacked(path, objects):
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="unpacked-", dir=os.path.dirname(path) or None) as directory:
+        with zipfile.ZipFile(path) as archive:
+            archive.extractall(directory)
+        try:
+            return keras.saving.load_model(directory, custom_objects=objects, compile=True)
+        except ValueError as exc:  # a Keras that loads archives only
+            if "Invalid filename" not in str(exc):
+                raise
+    return keras.saving.load_model(path, custom_objects=objects, compile=True)
 
 
 def _compile_as_saved(model, path, objects):
     """Compile ``model``, loaded from the archive at ``path``, as the archive says it was compiled, its optimizer's
     saved variables restored: Keras skips both for a model whose class overrides ``compile`` (every KerasHub task,
     which its own constructor compiles with its defaults: Adam, whatever the user chose)."""
-    import zipfile
-
     import h5py
     import keras
 
