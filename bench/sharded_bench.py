@@ -6,8 +6,9 @@ weights) and a deep one of 16 equal layers. The first kind's large matrix is cut
 the floor no sharding of the optimizer's state can go below: the same model replicated with plain SGD, which
 keeps no state at all (what remains is the weights, their gradients and the step's own temporaries).
 
-Per fit it records each training process's peak resident memory (``result.workers[i]["memory"]``: its peak, and
-its growth over TensorFlow's baseline before the model), and the steps per second of the fit's training (its
+Per fit it records each training process's peak resident memory (``result.workers[i]["memory"]``: its peak, its
+growth over TensorFlow's baseline before the model, and the memory check's estimate the process made, issue 74's
+item 3), and the steps per second of the fit's training (its
 steps over ``timings["training"]``, which leaves out the first call's trace). The table gives the medians over
 rounds of the workers' largest peak, and each ratio to the replicated fit of the same model and workers.
 
@@ -72,6 +73,7 @@ def driver(model_name, workers, rounds):
             chief = result.workers[0]
             print("ROUND " + json.dumps({"round": number, "contender": name, "peak_mb": max(peaks),
                                          "growth_mb": max(growth),
+                                         "estimate_mb": max(w["memory"]["estimate_mb"] for w in result.workers),
                                          "steps_per_second": chief["steps"] / chief["timings"]["training"]}),
                   flush=True)
     spark.stop()
@@ -79,15 +81,17 @@ def driver(model_name, workers, rounds):
 
 def table(runs):
     lines = ["| model, workers | contender | worker's peak MB | its growth over TensorFlow MB | peak / replicated "
-             "| steps/s | steps/s / replicated |", "|---|---|---|---|---|---|---|"]
+             "| steps/s | steps/s / replicated | the check's estimate / peak |", "|---|---|---|---|---|---|---|---|"]
     for (model_name, workers), rounds in runs.items():
         medians = {name: {metric: statistics.median(r[metric] for r in rounds if r["contender"] == name)
-                          for metric in ("peak_mb", "growth_mb", "steps_per_second")} for name in CONTENDERS}
+                          for metric in ("peak_mb", "growth_mb", "steps_per_second", "estimate_mb")}
+                    for name in CONTENDERS}
         base = medians["replicated"]
         for name, m in medians.items():
             lines.append(f"| {model_name}, {workers} | {name} | {m['peak_mb']:,.0f} | {m['growth_mb']:,.0f} | "
                          f"{m['peak_mb'] / base['peak_mb']:.2f} | {m['steps_per_second']:.2f} | "
-                         f"{m['steps_per_second'] / base['steps_per_second']:.2f} |")
+                         f"{m['steps_per_second'] / base['steps_per_second']:.2f} | "
+                         f"{m['estimate_mb'] / m['peak_mb']:.2f} |")
     return "\n".join(lines)
 
 
