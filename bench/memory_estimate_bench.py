@@ -16,6 +16,9 @@ The target (issue 43): the estimate within 15% above the peak and never more tha
 table sets the peaks side by side: what a step's copies of the weights cost before and after (the difference in
 copies of the trainable weights, for models of at least TELLING_MB of them).
 
+``--models text`` (issue 74): a GPT-2 causal LM of about 43 M parameters fitted, every weight, from a string
+column its preprocessor tokenizes (128 tokens a row), traced at that length.
+
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
 of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
 token id columns, its own section of bench/README.md.
@@ -42,6 +45,8 @@ ROWS, BATCH, STEPS, WORKERS = 256, 64, 4, 2
 HIDDEN = {"mlp12": 3000, "mlp61": 7310, "mlp150": 11800, "mlp300": 16810}  # units of the two hidden layers
 SHAPES = {**{name: (1024,) for name in HIDDEN}, "cnn": (64, 64, 3), "cnn-wide": (64, 64, 3)}
 SEQUENCE, VOCABULARY = 64, 8192  # the LoRA model's rows: 64 token ids each
+TEXT_SEQUENCE = 128  # the text model's preprocessor's sequence_length
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "it", "was", "sunny", "and", "warm"]
 OPTIMIZERS = ("sgd", "momentum", "adam")
 TOO_LARGE = {("mlp300", "adam")}  # two workers would need about 18 GB of this machine's 24
 TELLING_MB = 100  # trainable weights below this: a copy of them is within a process's noise, none is reckoned
@@ -58,10 +63,28 @@ def lora_model():
     return model
 
 
+def text_model():
+    """A GPT-2 causal LM of about 43 M parameters (6 layers of 768) with its preprocessor (a byte-pair tokenizer of
+    about a character a token, built in place), every weight trained: fitted from a string column."""
+    import keras_hub
+
+    vocabulary = {"Ġ": 0, **{c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz")}}
+    vocabulary["ab"] = len(vocabulary)  # one merge (an empty merge table cannot be made)
+    vocabulary["<|endoftext|>"] = len(vocabulary)
+    tokenizer = keras_hub.tokenizers.GPT2Tokenizer(vocabulary=vocabulary, merges=["a b"])
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=TEXT_SEQUENCE)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=6, num_heads=12,
+                                             hidden_dim=768, intermediate_dim=3072, max_sequence_length=TEXT_SEQUENCE,
+                                             dropout=0.0)
+    return keras_hub.models.GPT2CausalLM(backbone, preprocessor=preprocessor)
+
+
 def build(keras, name, optimizer):
     layers = keras.layers
     if name == "lora":
         model = lora_model()
+    elif name == "text":
+        model = text_model()
     elif name.startswith("mlp"):
         model = keras.Sequential([keras.Input(SHAPES[name]), layers.Dense(HIDDEN[name], activation="relu"),
                                   layers.Dense(HIDDEN[name], activation="relu"), layers.Dense(10)])
@@ -81,7 +104,9 @@ def frame(spark, name):
     import pandas as pd
 
     rng = np.random.default_rng(0)
-    if name == "lora":  # token ids, their next tokens as labels, every position counted
+    if name == "text":  # phrases of 20-40 words: longer than the preprocessor's sequence, cut to it
+        rows = {"text": [" ".join(rng.choice(WORDS, rng.integers(20, 40))) for _ in range(ROWS)]}
+    elif name == "lora":  # token ids, their next tokens as labels, every position counted
         tokens = rng.integers(1, VOCABULARY, (ROWS, SEQUENCE + 1)).astype(np.int32)
         rows = {"ids": list(tokens[:, :-1]), "mask": list(np.ones((ROWS, SEQUENCE), np.int32)),
                 "labels": list(tokens[:, 1:].astype(np.int64))}
@@ -95,17 +120,20 @@ def columns(name):
     """fit's features and label for ``name``'s rows."""
     if name == "lora":
         return {"features": {"token_ids": "ids", "padding_mask": "mask"}, "label": "labels"}
+    if name == "text":  # the preprocessor makes the labels
+        return {"features": "text"}
     return {"features": "x", "label": "y"}
 
 
 def estimated_size(model, name):
-    """The check's size of ``model`` as fit makes it: the LoRA model trains natively, what its steps keep
-    traced once the data's widths are known."""
+    """The check's size of ``model`` as fit makes it: the LoRA and text models train natively, what their steps
+    keep traced once the data's widths are known (the text model's: its preprocessor's sequence length)."""
     from tfbarrier.models import memory
 
-    if name != "lora":
+    if name not in ("lora", "text"):
         return memory.ModelSize.of(model)
-    shapes = memory.input_shapes(model, {"token_ids": SEQUENCE, "padding_mask": SEQUENCE})
+    widths = {None: TEXT_SEQUENCE} if name == "text" else {"token_ids": SEQUENCE, "padding_mask": SEQUENCE}
+    shapes = memory.input_shapes(model, widths)
     return memory.ModelSize.of(model, native=True).with_widths(model, shapes)
 
 
@@ -145,7 +173,7 @@ def section(args, runs, before=None):
     for (name, optimizer), found in runs.items():
         low, mid, high = harness.stats([r["peak_mb"] for r in found])
         estimate = found[0]["estimate_mb"]
-        trains = f", {found[0]['trainable_mb']:,.1f} MB trainable" if name == "lora" else ""
+        trains = f", {found[0]['trainable_mb']:,.1f} MB trainable" if name in ("lora", "text") else ""
         lines.append(f"| {name} | {found[0]['parameters'] / 1e6:.1f} M, {found[0]['weights_mb']:,.0f} MB{trains} | "
                      f"{optimizer} | {mid:,.0f} ({low:,.0f}-{high:,.0f}) | {estimate:,.0f} | "
                      f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) |")

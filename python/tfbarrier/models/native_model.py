@@ -23,6 +23,7 @@ import cloudpickle
 
 from tfbarrier import atomic
 from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.models import quantized
 from tfbarrier.models.model_spec import ModelSpec, keras_flavor, save_archive
 from tfbarrier.models.weights_file import read_weights
 from tfbarrier.user_code import pickle_user_code
@@ -188,7 +189,8 @@ class NativeModel:
         driver's frozen weights frozen: before its optimizer makes slots for them."""
         with open(self.objects.path(workdir), "rb") as f:
             objects = cloudpickle.load(f)
-        return self._restored(load_archive(self.archive.path(workdir), objects), workdir)
+        # a model its user quantized dequantizes one layer at a time, never every layer's float weights at once
+        return quantized.one_layer_at_a_time(self._restored(load_archive(self.archive.path(workdir), objects), workdir))
 
     def _restored(self, model, workdir=None):
         """``model`` with the driver's adapters (their values from ``workdir``; None: enabled only) and frozen

@@ -40,13 +40,19 @@ def mode_of(model):
 
 
 def compute_in_float(model):
-    """``model`` with each quantized layer computing as the module's docstring says (in place; again: no change)."""
+    """``model`` (a preset's task) with each quantized layer computing as the module's docstring says: (a) and (b)."""
     for layer in _layers(model):
-        if not layer.quantization_mode or "quantized_call" in vars(layer):
-            continue
-        if getattr(layer, "inputs_quantizer", None) is not None:
+        if layer.quantization_mode and getattr(layer, "inputs_quantizer", None) is not None:
             layer.inputs_quantizer = None  # a preset saved in int8 comes back with Keras's default, which has one
-        layer.quantized_call = _one_at_a_time(layer.quantized_call)
+    return one_layer_at_a_time(model)
+
+
+def one_layer_at_a_time(model):
+    """``model`` with each quantized layer dequantizing as (b) says, computing as its user made it (a model object
+    quantized by its user: the numbers it gives in one process); in place, and again: no change."""
+    for layer in _layers(model):
+        if layer.quantization_mode and "quantized_call" not in vars(layer):
+            layer.quantized_call = _one_at_a_time(layer.quantized_call)
     return model
 
 
