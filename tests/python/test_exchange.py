@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tfbarrier.errors import WorkerError
+from tfbarrier.exchange import ring as ring_module
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_admission import NONCE_BYTES
 from tfbarrier.tls import Credentials
@@ -274,3 +275,38 @@ def test_gradient_packs_cross_the_ring_last_layers_first():
     for summed, sizes in orders:
         assert sizes == [64 * 32, 32, 32 * 3, 3]
         assert summed == sizes[::-1], f"packs crossed in the order {summed}, the variables' is {sizes}"
+
+
+@pytest.mark.parametrize("n, sizes", [(2, [7, 0]), (3, [5, 11, 2]), (4, [1, 1, 40, 3])])
+def test_chunks_of_any_sizes_are_reduce_scattered_and_gathered_in_segments(n, sizes, monkeypatch):
+    # a sharded optimizer's packs (sharded_update.py): each rank ends with its own chunk of the sum, then every
+    # chunk lands where it belongs; segments of 16 bytes (4 float32), so chunks cross in several, unevenly
+    monkeypatch.setattr(ring_module, "SEGMENT_BYTES", 16)
+    arrays = [np.random.default_rng(i).integers(-99, 99, sum(sizes)).astype("float32") for i in range(n)]
+    total, bounds = np.sum(arrays, axis=0), np.cumsum([0, *sizes])
+
+    def work(ring):
+        mine = ring.reduce_scatter(arrays[ring.rank].copy(), sizes)
+        others = ring.all_gather_chunks(mine * 2, sizes)
+        whole = np.zeros(sum(sizes), "float32")
+        whole[bounds[ring.rank]:bounds[ring.rank + 1]] = mine * 3
+        ring.all_gather_into(whole, sizes)
+        return mine, others, whole
+
+    for rank, result in enumerate(in_threads(n, work)):
+        assert not isinstance(result, Exception), result
+        mine, others, whole = result
+        np.testing.assert_array_equal(mine, total[bounds[rank]:bounds[rank + 1]])
+        np.testing.assert_array_equal(others, np.delete(total, np.arange(bounds[rank], bounds[rank + 1])) * 2)
+        np.testing.assert_array_equal(whole, total * 3)
+
+
+def test_a_large_sum_lands_in_a_scratch_of_one_segment_not_of_one_chunk():
+    # the scratch a reduce-scatter's incoming lands in lives as long as the ring: one chunk of a 200 MB
+    # gradient's was 100 MB held by every training process for the whole fit
+    arrays = [np.full(2 * ring_module.SEGMENT_BYTES, i + 1, np.float32) for i in range(2)]  # 8 segments a chunk
+    results = in_threads(2, lambda ring: (ring.all_reduce_sum(arrays[ring.rank], in_place=True)[[0, -1]],
+                                          ring._scratch.nbytes))
+    for summed, scratch in results:
+        np.testing.assert_array_equal(summed, [3, 3])
+        assert scratch <= ring_module.SEGMENT_BYTES

@@ -3,6 +3,7 @@ optimizer's state of its own share of the weights, and the fit still ends as one
 weights and history, for tf_keras and Keras 3 models and the optimizers people compile with (momentum, Adam,
 AdamW with a schedule and clipping by the global norm, which must be every shard's)."""
 
+import keras
 import numpy as np
 import pytest
 from test_native import (GLOBAL_BATCH, Gate, huberish, line_df, one_process,  # noqa: F401 - line_df: a fixture
@@ -49,7 +50,8 @@ def test_two_workers_holding_half_the_optimizer_state_each_train_as_one_process(
                                                                                  optimizer, tmp_path):
     model, reference = make(optimizer), make(optimizer)
     # SGD's gradients each in a pack of their own: a worker owns nothing in some packs, all of others
-    packs = {"bytes_per_pack": 4} if optimizer == "sgd_momentum" else {}
+    # (and Keras 3's Adam): each cut kernel's pack is its blocks, gathered into the kernel where it lies
+    packs = {"bytes_per_pack": 4} if optimizer in ("sgd_momentum", "adam") else {}
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
                            num_workers=2, shuffle=False, communication={"shard": "optimizer", **packs},
                            save_to=str(tmp_path), verbose=0)
@@ -62,6 +64,26 @@ def test_two_workers_holding_half_the_optimizer_state_each_train_as_one_process(
     assert int(saved.optimizer.iterations.numpy()) == 0  # (a shard of it would say 12 steps)
     for trained, kept in zip(result.model.get_weights(), saved.get_weights()):
         np.testing.assert_array_equal(trained, kept)
+
+
+class NudgesWorkerOnesKernel(keras.callbacks.Callback):
+    """After the first step, worker 1's first kernel (cut in two blocks: the model's largest) changed there alone."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        import json
+        import os
+
+        if batch == 0 and json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+            kernel = self.model.trainable_variables[0]
+            kernel.assign(kernel + 1.0)
+
+
+def test_a_cut_kernel_that_differs_across_the_workers_after_the_first_step_fails_the_fit_naming_it(spark, line_df):  # noqa: F811
+    # the check that the other workers' rows reached each worker's copy (sharded_update.SyncBlocks)
+    with pytest.raises(tfbarrier.errors.ModelError, match=r"copies of \S*kernel differ after the first step"):
+        tfbarrier.fit(line_df, keras3_model("adam"), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH,
+                      num_workers=2, steps_per_epoch=2, verbose=0, communication={"shard": "optimizer"},
+                      callbacks=lambda: [NudgesWorkerOnesKernel()])
 
 
 def saved_model(path, make):

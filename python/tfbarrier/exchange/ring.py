@@ -27,6 +27,9 @@ from tfbarrier.exchange import ring_admission
 from tfbarrier.tls import describe
 
 _STEP = struct.Struct("!Q")  # each chunk's sequence number: a peer out of step is found, not summed
+# what arrives to be summed lands in a scratch of this much at most, added segment by segment: a scratch of one
+# chunk of a large gradient's would be held by the ring for its life
+SEGMENT_BYTES = 8 * 2**20
 DEAD_LINK_SECONDS = 10  # a link that answers nothing for this long fails the ring (_fail_on_dead_links)
 
 
@@ -34,6 +37,18 @@ def _aggregation(variable):
     """How a variable aggregates across replicas: "sum", "mean"...: Keras 3's name, or tf.VariableAggregation's."""
     aggregation = getattr(variable, "aggregation", "sum")
     return str(getattr(aggregation, "name", aggregation)).lower()
+
+
+def _checksum(variable):
+    """The CRC-32 of a variable's bytes, read a block of rows of about SEGMENT_BYTES at a time: no copy of a large
+    variable (a frozen embedding, a cut kernel) is made whole."""
+    if len(variable.shape) == 0 or variable.shape[0] <= 1:
+        return zlib.crc32(np.ascontiguousarray(variable.numpy()).view(np.uint8))
+    rows = max(1, SEGMENT_BYTES // max(1, variable[:1].numpy().nbytes))
+    crc = 0
+    for start in range(0, int(variable.shape[0]), rows):
+        crc = zlib.crc32(np.ascontiguousarray(variable[start:start + rows].numpy()).view(np.uint8), crc)
+    return crc
 
 
 def _fail_on_dead_links(sock):
@@ -129,8 +144,9 @@ class Ring:
             except OSError as exc:
                 self._sent.put(exc)
 
-    def _exchange(self, outgoing, into):
-        """Send ``outgoing`` to the right while reading ``into`` (a contiguous array, filled in place) from the left."""
+    def _exchange(self, outgoing, into, add=False):
+        """Send ``outgoing`` to the right while reading ``into`` (a contiguous array, filled in place) from the left,
+        or, with ``add``, adding what arrives into it, a segment at a time as it lands in the scratch."""
         self._step += 1
         # ``outgoing`` is sent as it lies: no step changes it before this one's send is done
         payload = memoryview(np.ascontiguousarray(outgoing).reshape(-1).view(np.uint8))  # bfloat16 has no buffer format
@@ -138,11 +154,16 @@ class Ring:
         self.bytes_sent += _STEP.size + payload.nbytes
         try:
             step = _STEP.unpack(ring_admission.recv_exactly(self._left, _STEP.size))[0]
-            ring_admission.recv_into(self._left, memoryview(into.reshape(-1).view(np.uint8)))  # contiguous: a view, not a copy
+            if step != self._step:
+                raise WorkerError(f"worker {(self.rank - 1) % self.size} is out of step in the ring ({step}, not "
+                                  f"{self._step})")
+            into = into.reshape(-1)  # contiguous: a view, not a copy
+            if add:
+                self._receive_adding(into)
+            else:
+                ring_admission.recv_into(self._left, memoryview(into.view(np.uint8)))
         except OSError as exc:  # a timeout, a closed or reset connection
             raise self._lost(self.rank - 1, f"went silent in the ring ({exc})") from None
-        if step != self._step:
-            raise WorkerError(f"worker {(self.rank - 1) % self.size} is out of step in the ring ({step}, not {self._step})")
         try:
             sent = self._sent.get(timeout=self.timeout)
         except queue.Empty:
@@ -150,11 +171,35 @@ class Ring:
         if sent is not None:
             raise self._lost(self.rank + 1, f"stopped reading the ring ({sent})")
 
+    def _receive_adding(self, into):
+        """What the left sends, added into ``into`` (1-D) a segment of SEGMENT_BYTES at a time."""
+        length = max(1, SEGMENT_BYTES // into.itemsize)
+        for start in range(0, into.size, length):
+            segment = into[start:start + length]
+            incoming = self._incoming(segment)
+            ring_admission.recv_into(self._left, memoryview(incoming.view(np.uint8)))
+            segment += incoming
+
     def _incoming(self, like):
-        """A scratch array shaped and typed as ``like`` for a chunk to land in (the same memory each time)."""
+        """A scratch array shaped and typed as ``like`` for a segment to land in (the same memory each time)."""
         if self._scratch.nbytes < like.nbytes:
             self._scratch = np.empty(like.nbytes, np.uint8)
         return self._scratch[:like.nbytes].view(like.dtype).reshape(like.shape)
+
+    def _summed_around(self, chunks, whole):
+        """A reduce-scatter of ``chunks`` (views, one per rank, the same sizes everywhere) in place: n - 1 steps,
+        each sending a chunk to the right and adding the left's into the next, after which chunk ``whole`` holds
+        every process's sum here."""
+        for step in range(self.size - 1):
+            send, receive = (whole - step - 1) % self.size, (whole - step - 2) % self.size
+            self._exchange(chunks[send], into=chunks[receive], add=True)
+
+    def _gathered_around(self, chunks, whole):
+        """An all-gather of ``chunks`` in place, chunk ``whole`` being this process's complete one: n - 1 steps,
+        each passing the chunk last completed to the right."""
+        for step in range(self.size - 1):
+            send, receive = (whole - step) % self.size, (whole - step - 1) % self.size
+            self._exchange(chunks[send], into=chunks[receive])
 
     @property
     def encryption(self):
@@ -173,32 +218,22 @@ class Ring:
         total = np.require(array, requirements=("C", "W")) if in_place else np.array(array, copy=True)
         if self.size == 1:
             return total
-        flat = total.reshape(-1)
-        chunks = np.array_split(flat, self.size)
-        for step in range(self.size - 1):  # reduce-scatter: chunk (rank + 1) ends whole here
-            send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
-            incoming = self._incoming(chunks[receive])
-            self._exchange(chunks[send], into=incoming)
-            chunks[receive] += incoming
-        for step in range(self.size - 1):  # all-gather: each whole chunk lands where it belongs
-            send, receive = (self.rank - step + 1) % self.size, (self.rank - step) % self.size
-            self._exchange(chunks[send], into=chunks[receive])
+        chunks = np.array_split(total.reshape(-1), self.size)
+        self._summed_around(chunks, whole=(self.rank + 1) % self.size)
+        self._gathered_around(chunks, whole=(self.rank + 1) % self.size)
         return total
 
-    def reduce_scatter(self, flat, sizes):
+    def reduce_scatter(self, flat, sizes, view=False):
         """This process's chunk of the sum of every process's ``flat`` (a 1-D array, the same length and dtype
         everywhere), cut into chunks of ``sizes`` (one per rank, in rank order; any may be 0): chunk ``rank``,
         summed into ``flat`` where it is writable: ``flat`` itself where the chunk is all of it, else a copy of the
-        chunk alone, so that the rest is freed. The first half of ``all_reduce_sum``, with the chunk each process
-        ends with chosen."""
+        chunk alone, so that the rest is freed, or with ``view`` the chunk where it lies in ``flat`` (which it then
+        keeps: for a chunk that is most of what a process holds of ``flat`` until it is used). The first half of
+        ``all_reduce_sum``, with the chunk each process ends with chosen."""
         chunks = np.split(np.require(flat, requirements=("C", "W")).reshape(-1), np.cumsum(sizes)[:-1])
-        for step in range(self.size - 1):  # chunk (rank - 1 - step) goes right; rank's own ends whole here
-            send, receive = (self.rank - step - 1) % self.size, (self.rank - step - 2) % self.size
-            incoming = self._incoming(chunks[receive])
-            self._exchange(chunks[send], into=incoming)
-            chunks[receive] += incoming
+        self._summed_around(chunks, whole=self.rank)
         mine = chunks[self.rank]
-        return mine if mine.size == flat.size else mine.copy()
+        return mine if view or mine.size == flat.size else mine.copy()
 
     def all_gather_chunks(self, mine, sizes):
         """The other processes' chunks (each process's of ``sizes[rank]`` values; ``mine`` is this one's),
@@ -210,10 +245,14 @@ class Ring:
         chunks = [mine if rank == self.rank else others[bounds[rank - (rank > self.rank)]:
                                                         bounds[rank - (rank > self.rank) + 1]]
                   for rank in range(self.size)]  # views into ``others``
-        for step in range(self.size - 1):
-            send, receive = (self.rank - step) % self.size, (self.rank - step - 1) % self.size
-            self._exchange(chunks[send], into=chunks[receive])
+        self._gathered_around(chunks, whole=self.rank)
         return others
+
+    def all_gather_into(self, flat, sizes):
+        """Every process's chunk of ``flat`` (a writable 1-D array, the same length everywhere, cut into chunks of
+        ``sizes`` in rank order, this process's own already in it) written where it lies, on every process: no
+        buffer but ``flat`` (a cut variable's own rows, sharded_update.py)."""
+        self._gathered_around(np.split(flat, np.cumsum(sizes)[:-1]), whole=self.rank)
 
     def all_gather(self, array):
         """Every process's ``array`` (same shape and dtype everywhere) stacked in rank order, on every process:
@@ -257,7 +296,7 @@ class Ring:
         crosses the ring (a frozen backbone's weights, the same everywhere, never do)."""
         if self.size == 1 or not variables:
             return []
-        checksums = np.array([zlib.crc32(np.ascontiguousarray(v.numpy()).view(np.uint8)) for v in variables], np.int64)
+        checksums = np.array([_checksum(v) for v in variables], np.int64)
         everyones = self.all_gather(checksums)
         return [v for v, column in zip(variables, everyones.T) if (column != column[0]).any()]
 

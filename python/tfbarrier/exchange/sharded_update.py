@@ -50,6 +50,10 @@ class Shards:
         for (key, start), block in self.blocks.items():
             block.assign(_rows(self._variables[key], start, start + int(block.shape[0])))
 
+    def variables(self):
+        """The trainable variables, in the order given."""
+        return list(self._variables.values())
+
     def is_cut(self, variable):
         """Whether ``variable`` is cut into blocks of rows, one a worker."""
         return len(self.placed[id(variable)]) > 1
@@ -81,14 +85,29 @@ class Shards:
 
 class SyncBlocks(tf_keras.callbacks.Callback):
     """After every other callback's start of a fit (a checkpoint's restore among them): the blocks as the model's
-    weights now are (``Shards.sync``)."""
+    weights now are (``Shards.sync``). After the first call: the cut variables found equal on every worker across
+    ``ring`` (their checksums), or the fit fails in words: the others' blocks are written where TensorFlow keeps
+    the variable (``_gathered_into``), which a TensorFlow that handed the exchange a copy would lose."""
 
-    def __init__(self, shards):
+    def __init__(self, shards, ring):
         super().__init__()
-        self.shards = shards
+        self.shards, self.ring, self.checked = shards, ring, False
 
     def on_train_begin(self, logs=None):
         self.shards.sync()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.checked:
+            return
+        self.checked = True
+        cut = [v for v in self.shards.variables() if self.shards.is_cut(v)]
+        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(cut)]
+        if drifted:
+            raise ModelError(
+                f"with communication={{'shard': 'optimizer'}}, the workers' copies of {', '.join(drifted)} differ "
+                "after the first step: the other workers' rows did not reach them (the exchange writes them where "
+                f"this TensorFlow, {tf.__version__}, keeps the variable; a callback that changes a weight on one "
+                "worker alone does the same). Drop the shard (communication={'shard': 'none'})")
 
 
 def _block_variable(variable, start, stop):
@@ -132,7 +151,7 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
                 apply(owned_grads, owned)
             else:  # as the optimizers of the other workers count the step
                 optimizer.iterations.assign_add(1)
-        _all_gathered(cut, variables, shards, ring)
+        _all_gathered(cut, variables, shards, ring, after)
 
     flavor.wrap_step(optimizer, step)
     return dict(described, shard="optimizer")
@@ -154,8 +173,9 @@ def _reduce_scattered(cut, ring, dtype, share):
         sizes = _sizes(pieces_, ring.size)
         with tf.control_dependencies(after):
             flat = tf.concat([tf.reshape(tf.cast(part, dtype) * tf.cast(share, dtype), [-1]) for part in parts], 0)
-            chunk = tf.numpy_function(lambda values, sizes=sizes: ring.reduce_scatter(values, sizes), [flat], dtype,
-                                      stateful=True)
+            # a cut variable's chunk kept in its gradient's buffer: a copy would be made while the buffer lives
+            chunk = tf.numpy_function(lambda values, sizes=sizes, view=_one_cut(pieces_): ring.reduce_scatter(
+                values, sizes, view), [flat], dtype, stateful=True)
         after = [chunk]
         owned = [piece for piece in pieces_ if piece[0] == ring.rank]
         split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
@@ -164,26 +184,66 @@ def _reduce_scattered(cut, ring, dtype, share):
     return mine, after
 
 
-def _all_gathered(cut, variables, shards, ring):
-    """Every piece of the packs another worker holds given its holder's updated value (in the pack's widest
-    float), and each block this worker updated written into its variable's rows; this worker's own values are
-    sent as they lie."""
+def _all_gathered(cut, variables, shards, ring, after):
+    """Every replica whole again after the update: pack after pack, from the exchange ``after`` on (a worker's
+    updated pieces are read after its optimizer wrote them: a traced step reads a variable after its writes), a
+    pack of one cut variable gathered into that variable where it lies (``_gathered_into``), any other through a
+    buffer of the pieces other workers hold (``_gathered_through``)."""
     for pieces_, _ in cut:
-        sizes = _sizes(pieces_, ring.size)
-        dtype = tf.float64 if any(tf.as_dtype(variables[p[1]].dtype) == tf.float64 for p in pieces_) else tf.float32
-        ours = [tf.reshape(tf.cast(tf.convert_to_tensor(shards.target(variables, index, start)), dtype), [-1])
-                for holder, index, start, _, _ in pieces_ if holder == ring.rank]
-        ours = ours[0] if len(ours) == 1 else tf.concat(ours, 0) if ours else tf.zeros([0], dtype)
-        others = tf.numpy_function(lambda values, sizes=sizes: ring.all_gather_chunks(values, sizes), [ours], dtype,
-                                   stateful=True)
-        theirs = [piece for piece in pieces_ if piece[0] != ring.rank]
-        values = tf.split(others, [int(np.prod(piece[4])) for piece in theirs]) if len(theirs) > 1 else [others]
-        for (_, index, start, stop, shape), value in zip(theirs, values):
-            _write(variables[index], start, stop, tf.reshape(value, shape), shards.is_cut(variables[index]))
-        for holder, index, start, stop, _ in pieces_:
-            block = shards.blocks.get((id(variables[index]), start))
-            if holder == ring.rank and block is not None:
-                _write(variables[index], start, stop, tf.convert_to_tensor(block), cut=True)
+        with tf.control_dependencies(after):
+            if _one_cut(pieces_):
+                after = [_gathered_into(variables[pieces_[0][1]], pieces_, shards, ring)]
+            else:
+                after = [_gathered_through(pieces_, variables, shards, ring)]
+
+
+def _one_cut(pieces_):
+    """Whether a pack's ``pieces_`` are the blocks of one cut variable (in the ranks' order)."""
+    return len(pieces_) > 1 and len({index for _, index, _, _, _ in pieces_}) == 1
+
+
+def _gathered_into(variable, pieces_, shards, ring):
+    """The blocks of cut ``variable`` written into its rows where they lie: this worker's from its block
+    variable, the others' received from the ring straight into the variable's buffer, which the step's read of it
+    hands the exchange (no copy of the variable, no buffer of the others' rows: the only other way, a sliced
+    assign, copies the whole variable while a read of it lives). The backward pass, the last reader of the
+    variable in the step, is done: every pack's reduce-scatter came before. ``SyncBlocks`` checks after the first
+    step that the workers' copies are equal (the write reached the variable)."""
+    sizes = _sizes(pieces_, ring.size)
+    start, stop = pieces_[ring.rank][2:4]
+    row = int(np.prod(variable.shape[1:]))
+
+    def gather(rows, whole):
+        flat = whole.reshape(-1)
+        flat[start * row:stop * row] = rows.reshape(-1)
+        ring.all_gather_into(flat, sizes)
+        return np.zeros(0, np.int8)
+
+    block = shards.blocks[id(variable), start]
+    return tf.numpy_function(gather, [tf.convert_to_tensor(block), tf.convert_to_tensor(variable)], tf.int8,
+                             stateful=True)
+
+
+def _gathered_through(pieces_, variables, shards, ring):
+    """Every piece of a pack another worker holds given its holder's updated value (in the pack's widest
+    float), and each block this worker updated written into its variable's rows; this worker's own values are
+    sent as they lie. Returns the exchange."""
+    sizes = _sizes(pieces_, ring.size)
+    dtype = tf.float64 if any(tf.as_dtype(variables[p[1]].dtype) == tf.float64 for p in pieces_) else tf.float32
+    ours = [tf.reshape(tf.cast(tf.convert_to_tensor(shards.target(variables, index, start)), dtype), [-1])
+            for holder, index, start, _, _ in pieces_ if holder == ring.rank]
+    ours = ours[0] if len(ours) == 1 else tf.concat(ours, 0) if ours else tf.zeros([0], dtype)
+    others = tf.numpy_function(lambda values, sizes=sizes: ring.all_gather_chunks(values, sizes), [ours], dtype,
+                               stateful=True)
+    theirs = [piece for piece in pieces_ if piece[0] != ring.rank]
+    values = tf.split(others, [int(np.prod(piece[4])) for piece in theirs]) if len(theirs) > 1 else [others]
+    for (_, index, start, stop, shape), value in zip(theirs, values):
+        _write(variables[index], start, stop, tf.reshape(value, shape), shards.is_cut(variables[index]))
+    for holder, index, start, stop, _ in pieces_:
+        block = shards.blocks.get((id(variables[index]), start))
+        if holder == ring.rank and block is not None:
+            _write(variables[index], start, stop, tf.convert_to_tensor(block), cut=True)
+    return others
 
 
 def _write(variable, start, stop, value, cut):
