@@ -187,11 +187,12 @@ def _reduce_scattered(cut, ring, dtype, share):
 def _all_gathered(cut, variables, shards, ring, after):
     """Every replica whole again after the update: pack after pack, from the exchange ``after`` on (a worker's
     updated pieces are read after its optimizer wrote them: a traced step reads a variable after its writes), a
-    pack of one cut variable gathered into that variable where it lies (``_gathered_into``), any other through a
-    buffer of the pieces other workers hold (``_gathered_through``)."""
+    pack of one cut variable gathered into that variable where it lies (``_gathered_into``, in host memory), any
+    other through a buffer of the pieces other workers hold (``_gathered_through``)."""
+    into = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy: written through
     for pieces_, _ in cut:
         with tf.control_dependencies(after):
-            if _one_cut(pieces_):
+            if into and _one_cut(pieces_):
                 after = [_gathered_into(variables[pieces_[0][1]], pieces_, shards, ring)]
             else:
                 after = [_gathered_through(pieces_, variables, shards, ring)]
