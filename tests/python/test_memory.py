@@ -257,9 +257,14 @@ def test_the_estimate_covers_the_peak_of_a_fit_whose_layer_outputs_outweigh_its_
                                                           rng.integers(0, 10, 128))], "x array<float>, y long")
     result = tfbarrier.fit(df.repartition(2), model, features="x", label="y", batch_size=64, epochs=1,
                            steps_per_epoch=2, num_workers=2, verbose=0)
-    peak_mb = max(w["memory"]["peak_mb"] for w in result.workers)
+    worker = max(result.workers, key=lambda w: w["memory"]["peak_mb"])
+    peak_mb, tensorflow_mb = worker["memory"]["peak_mb"], worker["memory"]["tensorflow_mb"]
     estimate_mb = memory.ModelSize.of(model).worker_bytes(32) / 2**20
-    assert 0.8 * peak_mb <= estimate_mb <= 1.5 * peak_mb, (estimate_mb, peak_mb)
+    assert 0.8 * peak_mb <= estimate_mb, (estimate_mb, peak_mb)
+    # above TensorFlow (as the process measured it before the model: 650 MB imported cold, about 250 in a process
+    # forked from a warm one, which faults its code in as it runs: once, 640 MB in all at the peak)
+    growth_mb, estimated_growth_mb = peak_mb - tensorflow_mb, estimate_mb - memory.TENSORFLOW_BYTES / 2**20
+    assert estimated_growth_mb <= 1.5 * growth_mb, (estimated_growth_mb, growth_mb)
 
 
 def test_the_estimate_covers_the_peak_of_a_sequence_model_whose_steps_outweigh_its_weights(spark):
@@ -291,3 +296,35 @@ def test_the_estimate_covers_the_peak_of_a_sequence_model_whose_steps_outweigh_i
     estimate_mb = sized.worker_bytes(rows // 2) / 2**20
     assert kept_mb > 0.25 * peak_mb, (kept_mb, peak_mb)  # the step's tensors are what the estimate is about
     assert 0.8 * peak_mb <= estimate_mb <= 1.5 * peak_mb, (estimate_mb, peak_mb, sized.describe(rows // 2))
+
+
+def test_a_traced_step_counts_its_graph_by_its_operations_and_an_untraced_one_nothing():
+    """What running a transformer's step holds outside TensorFlow's allocator grows with its graph (a 120 M
+    Llama with LoRA: 0.43 GB in float32, 0.5 GB in int8, whose layers compute in float one at a time), which the
+    layers' rule, fitted on models of a few layers, did not count: the estimate was 0.90x and 0.79x their fits'
+    peaks (bench/README.md, quantized-lora-120m, at b7938d8)."""
+    import keras
+
+    from tfbarrier.models import memory
+
+    def sequence_model(blocks):
+        tokens = keras.Input((None,), dtype="int32", name="tokens")
+        hidden = keras.layers.Embedding(100, 32)(tokens)
+        for _ in range(blocks):
+            hidden = keras.layers.LayerNormalization()(keras.layers.Dense(32, activation="gelu")(hidden) + hidden)
+        model = keras.Model(tokens, keras.layers.Dense(4)(hidden))
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    sizes = {}
+    for blocks in (2, 8):
+        model = sequence_model(blocks)
+        size = memory.ModelSize.of(model, native=True)
+        sizes[blocks] = size.with_widths(model, memory.input_shapes(model, {"tokens": 16}))
+        assert size.graph == 0  # nothing traced yet
+    small, large = sizes[2].graph, sizes[8].graph
+    assert small > 0 and small % memory.GRAPH_BYTES_PER_OP == 0
+    assert 2.5 < large / small < 4.5, (small, large)  # 8 blocks against 2, and what every step has besides
+    assert "the traced step's graph" in sizes[8].describe(8)
+    mlp = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+    assert memory.ModelSize.of(mlp).with_widths(mlp, {"input": (8,)}).graph == 0  # its layers tell their sizes

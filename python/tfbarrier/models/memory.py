@@ -13,7 +13,9 @@ POOLED_SGD_COPIES), and each layer's output on a batch, kept for the backward pa
 (ACTIVATION_COPIES). A model whose layers' outputs do not tell their sizes (a transformer's sequence
 length, unknown until the data's widths are; its blocks' insides, which no layer output shows) is
 traced instead, once the widths are known: what a step's backward pass keeps of its forward pass,
-tensor by tensor (``kept_for_backward``), counted once, as measured. A model that trains natively
+tensor by tensor (``kept_for_backward``), counted once, as measured, and its graph, by the operations of the
+traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's allocator, which
+the layers' rule, fitted on MLPs and CNNs of a few layers, leaves out). A model that trains natively
 (Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a variable at a time (a preset's, or a model
 object's archive unpacked: native_model.load_archive), are held once. The constants come from the peaks of real
 2-worker fits
@@ -46,6 +48,11 @@ from tfbarrier.spark.training_process import onednn_on
 
 MIB = 2**20
 TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
+# a traced model's step (a transformer's), for each operation of its forward and backward pass: what TensorFlow
+# holds to run a step of that graph besides its tensors (its kernels and their state, the optimized graph), none
+# of it in TensorFlow's allocator: 57-89 KB an operation over the traced step of a 120 M Llama with LoRA, float32
+# (4,876 operations) and int8 (8,269), in one process, at batches of 1 to 8 rows (bench/README.md, issue 74)
+GRAPH_BYTES_PER_OP = 64 * 2**10
 KERAS3_BYTES = 160 * MIB  # Keras 3 (and KerasHub) besides, for a model that trains natively (813 MB at its start)
 DEFAULT_SLOTS = 2  # an optimizer this module does not know: assume Adam's
 SMALL_MODEL_BYTES = 128 * MIB  # the strategy's step keeps as many copies again of this much of the weights
@@ -101,6 +108,7 @@ class ModelSize:
     exchange: object = None  # how its gradients travel (an Exchange); None: tfbarrier's ring, the default
     kept: tuple = None  # traced (bytes a sample, bytes whatever the batch) a step keeps for its backward pass
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
+    graph: int = 0  # bytes the traced step's graph takes, where the step was traced (GRAPH_BYTES_PER_OP)
     pooled: bool = False  # trains without oneDNN, in TensorFlow's BFC pool (POOLED_SGD_COPIES)
     shapes: tuple = ()  # ((shape, bytes a value) of each trainable variable): where sharded slots lie (placement.py)
     slot_share: float = 1.0  # the share of the slots a worker holds (communication's shard: about 1/N)
@@ -136,7 +144,7 @@ class ModelSize:
         native = job.model.native or ("keras" in sys.modules and isinstance(model, sys.modules["keras"].Model))
         size = cls.of(model, job.exchange, kept=kept, native=native)
         if kept is not None or widths is None:
-            return size
+            return dataclasses.replace(size, graph=told.graph if kept is not None else 0)
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
 
     def with_widths(self, model, shapes):
@@ -144,8 +152,11 @@ class ModelSize:
         per-sample ``shapes`` ({input name: shape}) known from the data; itself where nothing is hidden."""
         if not _hides_sizes(model) or not shapes:
             return self
-        kept = kept_for_backward(model, shapes)
-        return self if kept is None else dataclasses.replace(self, kept=kept)
+        traced = kept_for_backward(model, shapes)
+        if traced is None:
+            return self
+        kept, operations = traced
+        return dataclasses.replace(self, kept=kept, graph=GRAPH_BYTES_PER_OP * operations)
 
     def parts(self, rows):
         """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
@@ -162,6 +173,7 @@ class ModelSize:
                     self.slots * self.trainable * self.slot_share),
                 "the blocks of weights it updates": self.blocks,
                 "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
+                "the traced step's graph": self.graph,
                 "a batch": self.inputs * rows}
 
     def _held(self):
@@ -196,14 +208,14 @@ def _hides_sizes(model):
 
 
 def kept_for_backward(model, shapes):
-    """(bytes a sample, bytes whatever the batch) of the tensors a training step's backward pass keeps
-    from its forward pass: the step traced (never run) at batches of one and two rows, its inputs of
-    per-sample ``shapes``; None where it cannot be traced."""
+    """((bytes a sample, bytes whatever the batch) of the tensors a training step's backward pass keeps
+    from its forward pass, the operations of the step): the step traced (never run) at batches of one and two
+    rows, its inputs of per-sample ``shapes``; None where it cannot be traced."""
     try:
-        one, two = (_traced_kept(model, shapes, rows) for rows in (1, 2))
+        (one, operations), (two, _) = (_traced_kept(model, shapes, rows) for rows in (1, 2))
     except Exception:  # noqa: BLE001 - a model this tracing cannot call: the layers' rule stands
         return None
-    return max(0, two - one), max(0, 2 * one - two)
+    return (max(0, two - one), max(0, 2 * one - two)), operations
 
 
 def _traced_kept(model, shapes, rows):
@@ -224,7 +236,7 @@ def _traced_kept(model, shapes, rows):
     kept = {t.name: t.shape.num_elements() * t.dtype.size for op in graph.get_operations() if op.name not in forward
             for t in op.inputs if t.op.name in forward and t.op.type not in _NOT_KEPT and t.dtype.is_floating
             and t.shape.is_fully_defined()}
-    return sum(kept.values())
+    return sum(kept.values()), len(graph.get_operations())
 
 
 _NOT_KEPT = {"ReadVariableOp", "Const", "Placeholder", "VarHandleOp", "Shape"}  # the weights themselves, no copies
