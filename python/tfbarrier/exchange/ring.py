@@ -13,6 +13,7 @@ PeerLostError, which the ring also keeps (``failure``): raised inside a compiled
 caller its own error for it.
 """
 
+import math
 import queue
 import socket
 import struct
@@ -40,13 +41,15 @@ def _aggregation(variable):
 
 
 def _checksum(variable):
-    """The CRC-32 of a variable's bytes, read a block of rows of about SEGMENT_BYTES at a time: no copy of a large
+    """The CRC-32 of a variable's bytes, read a block of rows of at most SEGMENT_BYTES at a time (rows of its widest
+    float's values: the block's size told by the shape alone, a small variable read in one): no copy of a large
     variable (a frozen embedding, a cut kernel) is made whole."""
-    if len(variable.shape) == 0 or variable.shape[0] <= 1:
+    shape = [int(d) for d in variable.shape]
+    if not shape:
         return zlib.crc32(np.ascontiguousarray(variable.numpy()).view(np.uint8))
-    rows = max(1, SEGMENT_BYTES // max(1, variable[:1].numpy().nbytes))
+    rows = max(1, SEGMENT_BYTES // (8 * max(1, math.prod(shape[1:]))))
     crc = 0
-    for start in range(0, int(variable.shape[0]), rows):
+    for start in range(0, shape[0], rows):
         crc = zlib.crc32(np.ascontiguousarray(variable[start:start + rows].numpy()).view(np.uint8), crc)
     return crc
 

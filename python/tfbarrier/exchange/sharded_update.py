@@ -50,9 +50,9 @@ class Shards:
         for (key, start), block in self.blocks.items():
             block.assign(_rows(self._variables[key], start, start + int(block.shape[0])))
 
-    def variables(self):
-        """The trainable variables, in the order given."""
-        return list(self._variables.values())
+    def cut_variables(self):
+        """The variables cut into blocks of rows, in the order given."""
+        return [v for v in self._variables.values() if self.is_cut(v)]
 
     def is_cut(self, variable):
         """Whether ``variable`` is cut into blocks of rows, one a worker."""
@@ -100,8 +100,7 @@ class SyncBlocks(tf_keras.callbacks.Callback):
         if self.checked:
             return
         self.checked = True
-        cut = [v for v in self.shards.variables() if self.shards.is_cut(v)]
-        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(cut)]
+        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(self.shards.cut_variables())]
         if drifted:
             raise ModelError(
                 f"with communication={{'shard': 'optimizer'}}, the workers' copies of {', '.join(drifted)} differ "

@@ -143,8 +143,10 @@ class ModelSize:
         # a model function's too, when it built one (of a class of its own, whose module is the user's)
         native = job.model.native or ("keras" in sys.modules and isinstance(model, sys.modules["keras"].Model))
         size = cls.of(model, job.exchange, kept=kept, native=native)
-        if kept is not None or widths is None:
-            return dataclasses.replace(size, graph=told.graph if kept is not None else 0)
+        if kept is not None:  # traced on the driver, graph and all
+            return dataclasses.replace(size, graph=told.graph)
+        if widths is None:
+            return size
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
 
     def with_widths(self, model, shapes):
