@@ -143,10 +143,8 @@ class ModelSize:
         # a model function's too, when it built one (of a class of its own, whose module is the user's)
         native = job.model.native or ("keras" in sys.modules and isinstance(model, sys.modules["keras"].Model))
         size = cls.of(model, job.exchange, kept=kept, native=native)
-        if kept is not None:  # traced on the driver, graph and all
-            return dataclasses.replace(size, graph=told.graph)
-        if widths is None:
-            return size
+        if kept is not None or widths is None:  # traced on the driver (its graph too), or nothing to trace here
+            return size if kept is None else dataclasses.replace(size, graph=told.graph)
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
 
     def with_widths(self, model, shapes):
