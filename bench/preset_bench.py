@@ -45,6 +45,8 @@ SIZES = {  # LlamaBackbone settings; 1b is TinyLlama's shape (1.1 B parameters)
                intermediate_dim=5632),
 }
 BATCH = {"120m": 16, "1b": 4}  # the global batch: rows of SEQUENCE tokens
+FIT_PHASES = ("prepare", "stage_start", "data_shard", "worker_start", "tensorflow_import", "strategy_and_model",
+              "first_step", "trained_model_written")  # FitResult.timings' keys the time table shows
 
 
 def prepare(model):
@@ -69,11 +71,14 @@ def save(size, path):
     """Build the model from its config and save it as a preset directory; prints its parameters and bytes."""
     import keras_hub
 
+    started = time.time()
     backbone = keras_hub.models.LlamaBackbone(**SIZES[size])
     model = keras_hub.models.LlamaCausalLM(backbone, preprocessor=None)
+    built = time.time()
     model.save_to_preset(path)
     weights = sum(int(w.numpy().nbytes) for w in model.weights)
-    print("RESULT " + json.dumps({"parameters": model.count_params(), "weights_bytes": weights}), flush=True)
+    print("RESULT " + json.dumps({"parameters": model.count_params(), "weights_bytes": weights,
+                                  "built": built - started, "saved": time.time() - built}), flush=True)
 
 
 def save_quantized(path, quantized):
@@ -104,9 +109,11 @@ def plain(size, path, steps):
     import keras_hub
 
     data = rows(size, steps)
+    loading = time.time()
     model = keras_hub.models.CausalLM.from_preset(path)
     model.backbone.enable_lora(RANK)
     prepare(model)
+    loaded = time.time() - loading
     clock = first_step_clock()
     started = time.time()
     model.fit({"token_ids": data["ids"], "padding_mask": data["mask"]}, data["labels"], batch_size=BATCH[size],
@@ -115,7 +122,8 @@ def plain(size, path, steps):
     adapters = sum(int(w.numpy().nbytes) for w in model.trainable_weights)
     print("RESULT " + json.dumps({
         "peak_mb": resident_mb()[1], "throughput": (steps - 1) * BATCH[size] / (ended - clock.first),
-        "first_step": clock.first - started, "adapters_bytes": adapters}), flush=True)
+        "adapters_bytes": adapters, "phases": {"model_loaded": loaded, "first_step": clock.first - started,
+                                               "steps_after_the_first": ended - clock.first}}), flush=True)
 
 
 def distributed(size, path, steps, quantize=None):
@@ -135,21 +143,26 @@ def distributed(size, path, steps, quantize=None):
                                batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
     chief = result.workers[0]
     steady = chief["timings"]["training"] - chief["timings"]["first_step"]
+    phases = {key: result.timings[key] for key in FIT_PHASES if key in result.timings}
     print("RESULT " + json.dumps({
         "peak_mb": max(w["memory"]["peak_mb"] for w in result.workers),
         "estimate_mb": max(w["memory"]["estimate_mb"] for w in result.workers),  # the memory check's, in the process
         "throughput": (steps - 1) * BATCH[size] / steady,
         "sent_per_step": max(w["communication"]["bytes_sent"] for w in result.workers) / steps,
         "driver_growth_mb": max(0.0, driver.peak_mb - before), "adapters_file_bytes": len(result.model.weights),
-        "loss": result.history["loss"][-1]}), flush=True)
+        "loss": result.history["loss"][-1],
+        "phases": {**phases, "steps_after_the_first": steady, "fit": result.timings["total"]}}), flush=True)
     spark.stop()
 
 
 def role(name, *args):
+    """Run this file's role ``name`` in a process of its own: its RESULT, with the process's wall time."""
+    started = time.time()
     out = subprocess.run([sys.executable, __file__, "--role", name, *args], capture_output=True, text=True)
     if out.returncode:
         raise RuntimeError(f"{name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    result = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    return {**result, "wall": time.time() - started}
 
 
 def section(args, model, runs):
@@ -177,7 +190,34 @@ def section(args, model, runs):
         f"({low:.2f}-{high:.2f}) | {tfb_rate / plain_rate:.2f} |", "",
         f"The driver grew by {growth:,.0f} MB during the fit ({growth / weights_mb:.1%} of the weights). Each worker "
         f"sent {sent / 2**20:.2f} MB a step through the ring (the adapters' gradients, the logs; the checksums and "
-        f"the epoch's end included), against {adapters / 2**20:.2f} MB of adapters."])
+        f"the epoch's end included), against {adapters / 2**20:.2f} MB of adapters.", "",
+        f"Where the time went (medians of the rounds; building the model from its config took {model['built']:,.0f} s "
+        f"and saving it as a preset {model['saved']:,.0f} s, once, before the rounds; the phases overlap where a "
+        "row says so):", "", time_table(runs)])
+
+
+PHASE_NAMES = {  # a phase's key: its words in the time table
+    "prepare": "the driver's checks before the stage", "stage_start": "Spark starting the stage",
+    "data_shard": "the partition streamed to the shard", "worker_start": "the training process started",
+    "tensorflow_import": "TensorFlow imported", "model_loaded": "the preset loaded, adapters on, compiled",
+    "strategy_and_model": "the preset loaded, adapters on, compiled, the memory check's traced step",
+    "first_step": "the first step (its tracing)", "steps_after_the_first": "the steps after the first",
+    "trained_model_written": "the adapters written for the driver", "fit": "the whole fit call",
+    "wall": "the whole process (Python, imports, Spark, the fit)",
+}
+
+
+def time_table(runs):
+    """Where each contender's time went: the median seconds of each phase over the rounds."""
+    keys = [key for key in PHASE_NAMES if key == "wall" or any(key in r["phases"] for rs in runs.values() for r in rs)]
+    lines = ["| seconds | " + " | ".join(runs) + " |", "|---" * (len(runs) + 1) + "|"]
+    for key in keys:
+        cells = []
+        for contender in runs.values():
+            values = [r["wall"] if key == "wall" else r["phases"].get(key) for r in contender]
+            cells.append("-" if None in values else f"{statistics.median(values):,.1f}")
+        lines.append(f"| {PHASE_NAMES[key]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 QUANTIZED = {  # contender: (which preset, quantize=)
@@ -205,7 +245,7 @@ def quantized_section(args, model, saved, runs):
         lines.append(f"| {name} | {peak:,.0f} ({low:,.0f}-{high:,.0f}) | {peak / base_peak:.2f} | {rate:.2f} "
                      f"({rate_low:.2f}-{rate_high:.2f}) | {rate / base_rate:.2f} | {contender[0]['loss']:.4f} | "
                      f"{statistics.median(r['estimate_mb'] for r in contender) / peak:.2f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", "Where the time went (medians of the rounds):", "", time_table(runs)])
 
 
 def quantized(args, path, model):
