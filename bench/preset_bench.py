@@ -12,19 +12,20 @@ steps of the same global batch on the same 2 cores. Each side runs in a process 
   ring per step against the adapters' size, and the driver's growth during the fit (its resident memory sampled
   every 0.1 s, against what it held before the call) against the preset's weights.
 
-    .venv/bin/python bench/preset_bench.py [--size 120m|1b] [--rounds 2] [--steps 6]
+    .venv/bin/python bench/preset_bench.py [--size 120m|1b|3b] [--rounds 2] [--steps 6]
 
 With ``--quantized``, three tfbarrier fits side by side instead (issue 74): the float32 preset, the same preset
 quantized to int8 by each training process (``preset(path, lora_rank=4, quantize="int8")``), and a preset saved
 quantized once (``task.quantize("int8")``, ``save_to_preset``: loaded in int8, its float weights never held);
 each training process's peak and samples per second, as ratios of the float32 fit's, and the final loss.
 
-    .venv/bin/python bench/preset_bench.py --quantized [--size 120m|1b] [--rounds 2] [--steps 6]
+    .venv/bin/python bench/preset_bench.py --quantized [--size 120m|1b|3b] [--rounds 2] [--steps 6]
 """
 
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,8 +44,10 @@ SIZES = {  # LlamaBackbone settings; 1b is TinyLlama's shape (1.1 B parameters)
                  intermediate_dim=2816),
     "1b": dict(vocabulary_size=32000, num_layers=22, num_query_heads=32, num_key_value_heads=4, hidden_dim=2048,
                intermediate_dim=5632),
+    "3b": dict(vocabulary_size=32000, num_layers=26, num_query_heads=32, num_key_value_heads=32, hidden_dim=3200,
+               intermediate_dim=8640),  # OpenLLaMA 3B's shape (3.4 B parameters)
 }
-BATCH = {"120m": 16, "1b": 4}  # the global batch: rows of SEQUENCE tokens
+BATCH = {"120m": 16, "1b": 4, "3b": 2}  # the global batch: rows of SEQUENCE tokens
 FIT_PHASES = ("prepare", "stage_start", "data_shard", "worker_start", "tensorflow_import", "strategy_and_model",
               "first_step", "trained_model_written")  # FitResult.timings' keys the time table shows
 
@@ -137,10 +140,16 @@ def distributed(size, path, steps, quantize=None):
     df = df.repartition(2).cache()
     df.count()
     before = resident_mb()[0]
-    with PeakSampler(process_mb(os.getpid()), 0.1) as driver:
-        result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=RANK, prepare=prepare, quantize=quantize),
-                               features={"token_ids": "ids", "padding_mask": "mask"}, label="labels",
-                               batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
+    try:
+        with PeakSampler(process_mb(os.getpid()), 0.1) as driver:
+            result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=RANK, prepare=prepare, quantize=quantize),
+                                   features={"token_ids": "ids", "padding_mask": "mask"}, label="labels",
+                                   batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
+    except tfbarrier.errors.TfBarrierError as error:  # the memory check's refusal is a result: the model is too large
+        if "needs about" not in str(error):
+            raise
+        print("RESULT " + json.dumps({"refused": str(error)}), flush=True)
+        return
     chief = result.workers[0]
     steady = chief["timings"]["training"] - chief["timings"]["first_step"]
     phases = {key: result.timings[key] for key in FIT_PHASES if key in result.timings}
@@ -227,9 +236,20 @@ QUANTIZED = {  # contender: (which preset, quantize=)
 }
 
 
+def refusal(runs):
+    """The memory check's words when it refused a contender's fit (the same in every round), else None."""
+    refused = runs[0].get("refused")
+    if refused is None:
+        return None
+    need, can = (re.search(pattern + r" about ([\d.,]+ [KMGT]?B)", refused) for pattern in ("needs", "can have"))
+    return f"refused by the memory check: needs about {need[1]}, can have {can[1]}" if need and can else refused
+
+
 def quantized_section(args, model, saved, runs):
-    base_peak = harness.stats([r["peak_mb"] for r in runs["float32 preset"]])[1]
-    base_rate = harness.stats([r["throughput"] for r in runs["float32 preset"]])[1]
+    trained = {name: contender for name, contender in runs.items() if refusal(contender) is None}
+    base = runs["float32 preset"]
+    base_peak = refusal(base) is None and harness.stats([r["peak_mb"] for r in base])[1]
+    base_rate = refusal(base) is None and harness.stats([r["throughput"] for r in base])[1]
     lines = [
         f"`.venv/bin/python bench/preset_bench.py --quantized --size {args.size} --rounds {args.rounds} --steps "
         f"{args.steps}`: the Llama-architecture causal LM of {model['parameters'] / 1e6:,.1f} M parameters "
@@ -240,12 +260,16 @@ def quantized_section(args, model, saved, runs):
         "| | peak MB a training process | vs float32 | samples/s after the first step | vs float32 | last loss | "
         "the check's estimate / peak |", "|---|---|---|---|---|---|---|"]
     for name, contender in runs.items():
+        if name not in trained:
+            lines.append(f"| {name} | {refusal(contender)} | - | - | - | - | - |")
+            continue
         low, peak, high = harness.stats([r["peak_mb"] for r in contender])
         rate_low, rate, rate_high = harness.stats([r["throughput"] for r in contender])
-        lines.append(f"| {name} | {peak:,.0f} ({low:,.0f}-{high:,.0f}) | {peak / base_peak:.2f} | {rate:.2f} "
-                     f"({rate_low:.2f}-{rate_high:.2f}) | {rate / base_rate:.2f} | {contender[0]['loss']:.4f} | "
+        versus = (f"{peak / base_peak:.2f}", f"{rate / base_rate:.2f}") if base_peak else ("-", "-")
+        lines.append(f"| {name} | {peak:,.0f} ({low:,.0f}-{high:,.0f}) | {versus[0]} | {rate:.2f} "
+                     f"({rate_low:.2f}-{rate_high:.2f}) | {versus[1]} | {contender[0]['loss']:.4f} | "
                      f"{statistics.median(r['estimate_mb'] for r in contender) / peak:.2f} |")
-    return "\n".join(lines + ["", "Where the time went (medians of the rounds):", "", time_table(runs)])
+    return "\n".join(lines + ["", "Where the time went (medians of the rounds):", "", time_table(trained)])
 
 
 def quantized(args, path, model):
