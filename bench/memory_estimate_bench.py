@@ -19,12 +19,16 @@ copies of the trainable weights, for models of at least TELLING_MB of them).
 ``--models text`` (issue 74): a GPT-2 causal LM of about 43 M parameters fitted, every weight, from a string
 column its preprocessor tokenizes (128 tokens a row), traced at that length.
 
+``--sharded`` (issue 74): the fits shard the optimizer's state over the workers (``communication={"shard":
+"optimizer"}``), the estimate the check's for that (``ModelSize.sharded``); each fit's training processes started
+for it (cold: TensorFlow imported in them), as a user's fits' are.
+
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
 of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
 token id columns, its own section of bench/README.md.
 
     .venv/bin/python bench/memory_estimate_bench.py [--rounds 2] [--models cnn mlp61 ...] [--optimizers sgd adam]
-        [--baseline-ref REF] [--section=-lora]
+        [--baseline-ref REF] [--section=-lora] [--sharded]
 """
 
 import argparse
@@ -125,30 +129,34 @@ def columns(name):
     return {"features": "x", "label": "y"}
 
 
-def estimated_size(model, name):
+def estimated_size(model, name, sharded=False):
     """The check's size of ``model`` as fit makes it: the LoRA and text models train natively, what their steps
-    keep traced once the data's widths are known (the text model's: its preprocessor's sequence length)."""
+    keep traced once the data's widths are known (the text model's: its preprocessor's sequence length); the
+    optimizer's slots shared by the workers where ``sharded``."""
     from tfbarrier.models import memory
 
     if name not in ("lora", "text"):
-        return memory.ModelSize.of(model)
+        size = memory.ModelSize.of(model)
+        return size.sharded(WORKERS) if sharded else size
     widths = {None: TEXT_SEQUENCE} if name == "text" else {"token_ids": SEQUENCE, "padding_mask": SEQUENCE}
     shapes = memory.input_shapes(model, widths)
     return memory.ModelSize.of(model, native=True).with_widths(model, shapes)
 
 
-def measure(df, name, optimizer):
-    """One fit of ``name`` with ``optimizer``: the larger worker's peak and the estimate, in MB."""
+def measure(df, name, optimizer, sharded=False):
+    """One fit of ``name`` with ``optimizer`` (its optimizer's state sharded where ``sharded``): the larger worker's
+    peak and the estimate, in MB."""
     import keras
 
     import tfbarrier
 
     harness.settle()
     model = build(keras, name, optimizer)
-    size = estimated_size(model, name)
+    size = estimated_size(model, name, sharded)
     estimate = size.worker_bytes(BATCH // WORKERS) / 2**20
+    communication = {"shard": "optimizer"} if sharded else None
     result = tfbarrier.fit(df, model, **columns(name), batch_size=BATCH, epochs=1, steps_per_epoch=STEPS,
-                           num_workers=WORKERS, verbose=0)
+                           num_workers=WORKERS, verbose=0, communication=communication)
     peaks = [w["memory"]["peak_mb"] for w in result.workers]
     found = {"peak_mb": max(peaks), "estimate_mb": estimate, "parameters": model.count_params(),
              "weights_mb": size.weights / 2**20, "trainable_mb": size.trainable / 2**20,
@@ -161,13 +169,16 @@ def measure(df, name, optimizer):
 def section(args, runs, before=None):
     extra = (f" --optimizers {' '.join(args.optimizers)}" if args.optimizers != list(OPTIMIZERS) else ""
              ) + (f" --baseline-ref {args.baseline_ref}" if args.baseline_ref else "") + (
+             " --sharded" if args.sharded else "") + (
              f" --section={args.section}" if args.section else "")
     lines = [
         f"`.venv/bin/python bench/memory_estimate_bench.py --rounds {args.rounds} --models {' '.join(args.models)}"
         f"{extra}`: "
         f"2-worker fits on local[2], {STEPS} steps of global batch {BATCH}, memory check off; a training "
         "process's peak resident memory (the larger worker's, TensorFlow included; median (min-max) of the "
-        "rounds) against the check's estimate (memory.py). Target: estimate / peak in 0.95-1.15.", "",
+        "rounds) against the check's estimate (memory.py)"
+        + (", the optimizer's state sharded over the 2 workers" if args.sharded else "")
+        + ". Target: estimate / peak in 0.95-1.15.", "",
         "| model | parameters, weights | optimizer | peak MB | estimate MB | estimate / peak |",
         "|---|---|---|---|---|---|"]
     for (name, optimizer), found in runs.items():
@@ -191,20 +202,21 @@ def section(args, runs, before=None):
     return "\n".join(lines)
 
 
-def driver(name, optimizers):
+def driver(name, optimizers, sharded=False):
     """One model's fits, one per optimizer, in a driver process of its own (``--driver``): a driver
     keeps what TensorFlow's allocator once held, so the models of several sizes in one driver add up
     (11.7 GB of them, which the OOM killer ended). Prints a JSON line."""
     spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
     df = frame(spark, name)
-    found = {optimizer: measure(df, name, optimizer) for optimizer in optimizers}
+    found = {optimizer: measure(df, name, optimizer, sharded) for optimizer in optimizers}
     print("RESULT " + json.dumps(found), flush=True)
     spark.stop()
 
 
-def run_driver(name, optimizers, source=None):
+def run_driver(name, optimizers, source=None, sharded=False):
     """``name``'s fits in a driver of their own, with ``source`` (an older revision's sources) first on its path."""
-    output = subprocess.run([sys.executable, __file__, "--driver", name, "--optimizers", *optimizers],
+    output = subprocess.run([sys.executable, __file__, "--driver", name, "--optimizers", *optimizers]
+                            + (["--sharded"] if sharded else []),
                             check=True, capture_output=True, text=True, env=harness.env_with_source(source)).stdout
     found = json.loads(next(line for line in output.splitlines() if line.startswith("RESULT "))[7:])
     print(name, {optimizer: (round(r["peak_mb"]), round(r["estimate_mb"])) for optimizer, r in found.items()},
@@ -220,9 +232,10 @@ def main():
     parser.add_argument("--driver")
     parser.add_argument("--baseline-ref", help="also run this git revision's tfbarrier: the peaks before and after")
     parser.add_argument("--section", default="", help="a suffix of the bench/README.md section written")
+    parser.add_argument("--sharded", action="store_true", help="shard the optimizer's state over the workers")
     args = parser.parse_args()
     if args.driver:
-        return driver(args.driver, args.optimizers)
+        return driver(args.driver, args.optimizers, args.sharded)
     runs = {(name, optimizer): [] for name in args.models for optimizer in args.optimizers
             if (name, optimizer) not in TOO_LARGE}
     before = {key: [] for key in runs} if args.baseline_ref else None
@@ -232,7 +245,7 @@ def main():
         for name in args.models:
             optimizers = [optimizer for optimizer in args.optimizers if (name, optimizer) in runs]
             for kept, source in passes:
-                for optimizer, found in run_driver(name, optimizers, source).items():
+                for optimizer, found in run_driver(name, optimizers, source, args.sharded).items():
                     kept[(name, optimizer)].append(found)
     harness.write_section("memory-estimate" + args.section, section(args, runs, before))
 
