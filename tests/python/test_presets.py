@@ -294,7 +294,7 @@ def test_a_preset_whose_weights_no_worker_can_hold_is_refused_on_the_driver_befo
     os.truncate(os.path.join(large, "model.weights.h5"), 2**40)
     df = spark.createDataFrame(frame_of(sequences(4, seed=1)))
     before = last_job_id(spark)
-    refused = r"needs about 10\d\d\.\d\d GB .*weights, gradients and their all-reduce 1024\.\d\d GB"
+    refused = r"needs about 10\d\d\.\d\d GB .*frozen weights 1024\.\d\d GB"
     with pytest.raises(ModelError, match=refused):
         tfbarrier.fit(df, tfbarrier.preset(large, lora_rank=2), features=FEATURES, label="labels", num_workers=1,
                       verbose=0)

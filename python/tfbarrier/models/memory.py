@@ -168,7 +168,7 @@ class ModelSize:
         kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
                 else self.kept[0] * rows + self.kept[1])
         return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),
-                "weights, gradients and their all-reduce": int(step) + self.weights - self.trainable,
+                "weights, gradients and their all-reduce": int(step), "frozen weights": self.weights - self.trainable,
                 f"{self.optimizer}'s slots ({self.slots} per weight{self._held()})": int(
                     self.slots * self.trainable * self.slot_share),
                 "the blocks of weights it updates": self.blocks,
