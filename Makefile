@@ -135,7 +135,7 @@ BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-n
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
                 encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b \
-                quantized-lora-120m quantized-lora-1b quantized-lora-3b memory-estimate-text-and-archive \
+                quantized-lora-120m quantized-lora-1b quantized-lora-3b memory-estimate-text-and-archive memory-estimate-sharded \
                 warm-start ring-model hosts-overlap hosts-overlap-mlp link sharded-optimizer
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
@@ -194,6 +194,9 @@ bench-memory-estimate-lora: venv
 # beside the revision before (issue 74, items 3 and 4)
 bench-memory-estimate-text-and-archive: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 2 --models lora text --optimizers adam --baseline-ref 8400196 --section=-text-and-archive
+# The estimate of a fit whose optimizer's state is sharded, against its cold training processes' peaks (issue 74).
+bench-memory-estimate-sharded: venv
+	$(PY) bench/memory_estimate_bench.py --rounds 2 --models mlp61 mlp150 --optimizers momentum adam --sharded --section=-sharded
 # A LoRA fine-tune of a preset the training processes load, against one plain process (issue 60).
 bench-preset-120m: venv
 	$(PY) bench/preset_bench.py --size 120m --rounds 2 --steps 6
