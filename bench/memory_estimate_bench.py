@@ -20,8 +20,10 @@ copies of the trainable weights, for models of at least TELLING_MB of them).
 column its preprocessor tokenizes (128 tokens a row), traced at that length.
 
 ``--sharded`` (issue 74): the fits shard the optimizer's state over the workers (``communication={"shard":
-"optimizer"}``), the estimate the check's for that (``ModelSize.sharded``); each fit's training processes started
-for it (cold: TensorFlow imported in them), as a user's fits' are.
+"optimizer"}``), the estimate the check's for that (``ModelSize.sharded``); warm start off
+(``spark.tfbarrier.warmStart=false``), so every fit's training processes import TensorFlow themselves, as the
+estimate counts it (a process forked warm from a keeper holds less of it). Each row says how many of its fits'
+workers were forked warm.
 
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
 of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
@@ -161,6 +163,7 @@ def measure(df, name, optimizer, sharded=False):
     found = {"peak_mb": max(peaks), "estimate_mb": estimate, "parameters": model.count_params(),
              "weights_mb": size.weights / 2**20, "trainable_mb": size.trainable / 2**20,
              "memory": [w["memory"] for w in result.workers],
+             "warm": sum(bool(w.get("warm_start")) for w in result.workers),
              "size": dataclasses.asdict(size)}
     print(f"{name}-{optimizer}: {json.dumps(found)}", flush=True)
     return found
@@ -179,15 +182,16 @@ def section(args, runs, before=None):
         "rounds) against the check's estimate (memory.py)"
         + (", the optimizer's state sharded over the 2 workers" if args.sharded else "")
         + ". Target: estimate / peak in 0.95-1.15.", "",
-        "| model | parameters, weights | optimizer | peak MB | estimate MB | estimate / peak |",
-        "|---|---|---|---|---|---|"]
+        "| model | parameters, weights | optimizer | peak MB | estimate MB | estimate / peak | workers forked warm |",
+        "|---|---|---|---|---|---|---|"]
     for (name, optimizer), found in runs.items():
         low, mid, high = harness.stats([r["peak_mb"] for r in found])
         estimate = found[0]["estimate_mb"]
         trains = f", {found[0]['trainable_mb']:,.1f} MB trainable" if name in ("lora", "text") else ""
         lines.append(f"| {name} | {found[0]['parameters'] / 1e6:.1f} M, {found[0]['weights_mb']:,.0f} MB{trains} | "
                      f"{optimizer} | {mid:,.0f} ({low:,.0f}-{high:,.0f}) | {estimate:,.0f} | "
-                     f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) |")
+                     f"{estimate / mid:.2f} ({estimate / high:.2f}-{estimate / low:.2f}) | "
+                     f"{sum(r.get('warm', 0) for r in found)} of {WORKERS * len(found)} |")
     if before:
         lines += ["", f"The same fits' peaks with {args.baseline_ref}'s tfbarrier (before), round by round in turn "
                   f"(medians); saved: the difference, in copies of the trainable weights from {TELLING_MB} MB of them.", "",
@@ -206,7 +210,8 @@ def driver(name, optimizers, sharded=False):
     """One model's fits, one per optimizer, in a driver process of its own (``--driver``): a driver
     keeps what TensorFlow's allocator once held, so the models of several sizes in one driver add up
     (11.7 GB of them, which the OOM killer ended). Prints a JSON line."""
-    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false"})
+    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false",
+                                   **({"spark.tfbarrier.warmStart": "false"} if sharded else {})})
     df = frame(spark, name)
     found = {optimizer: measure(df, name, optimizer, sharded) for optimizer in optimizers}
     print("RESULT " + json.dumps(found), flush=True)
