@@ -134,7 +134,7 @@ STREAMING_BASELINE := 74a8fa1
 BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-no-onednn memory first-step \
                 anatomy anatomy-large large-models large-models-checkpoint sparklyr vector-columns tracking \
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
-                encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b \
+                encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b preset-250m-model-object \
                 quantized-lora-120m quantized-lora-1b quantized-lora-3b memory-estimate-text-and-archive memory-estimate-sharded \
                 warm-start ring-model hosts-overlap hosts-overlap-mlp link sharded-optimizer
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
@@ -202,6 +202,10 @@ bench-preset-120m: venv
 	$(PY) bench/preset_bench.py --size 120m --rounds 2 --steps 6
 bench-preset-1b: venv
 	$(PY) bench/preset_bench.py --size 1b --rounds 2 --steps 4
+# The same LoRA fine-tune of a 246 M preset fitted as a model object the driver loaded, beside the preset by name and
+# one plain process (issue 74, item 4).
+bench-preset-250m-model-object: venv
+	$(PY) bench/preset_bench.py --size 250m --rounds 2 --steps 6 --model-object
 # The same LoRA fine-tune over a float32 backbone, over one each process quantizes to int8, and from a preset
 # saved in int8, side by side (issue 74).
 bench-quantized-lora-120m: venv

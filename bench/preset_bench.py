@@ -12,17 +12,18 @@ steps of the same global batch on the same 2 cores. Each side runs in a process 
   ring per step against the adapters' size, and the driver's growth during the fit (its resident memory sampled
   every 0.1 s, against what it held before the call) against the preset's weights.
 
-    .venv/bin/python bench/preset_bench.py [--size 120m|1b|3b] [--rounds 2] [--steps 6]
+    .venv/bin/python bench/preset_bench.py [--size 120m|250m|1b|3b] [--rounds 2] [--steps 6]
 
 With ``--quantized``, three tfbarrier fits side by side instead (issue 74): the float32 preset, the same preset
 quantized to int8 by each training process (``preset(path, lora_rank=4, quantize="int8")``), and a preset saved
 quantized once (``task.quantize("int8")``, ``save_to_preset``: loaded in int8, its float weights never held);
 each training process's peak and samples per second, as ratios of the float32 fit's, and the final loss.
 
-    .venv/bin/python bench/preset_bench.py --quantized [--size 120m|1b|3b] [--rounds 2] [--steps 6]
+    .venv/bin/python bench/preset_bench.py --quantized [--size 120m|250m|1b|3b] [--rounds 2] [--steps 6]
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -42,12 +43,14 @@ SEQUENCE, RANK = 64, 4
 SIZES = {  # LlamaBackbone settings; 1b is TinyLlama's shape (1.1 B parameters)
     "120m": dict(vocabulary_size=8192, num_layers=8, num_query_heads=8, num_key_value_heads=8, hidden_dim=1024,
                  intermediate_dim=2816),
+    "250m": dict(vocabulary_size=32000, num_layers=14, num_query_heads=8, num_key_value_heads=8, hidden_dim=1024,
+                 intermediate_dim=2816),
     "1b": dict(vocabulary_size=32000, num_layers=22, num_query_heads=32, num_key_value_heads=4, hidden_dim=2048,
                intermediate_dim=5632),
     "3b": dict(vocabulary_size=32000, num_layers=26, num_query_heads=32, num_key_value_heads=32, hidden_dim=3200,
                intermediate_dim=8640),  # OpenLLaMA 3B's shape (3.4 B parameters)
 }
-BATCH = {"120m": 16, "1b": 4, "3b": 2}  # the global batch: rows of SEQUENCE tokens
+BATCH = {"120m": 16, "250m": 8, "1b": 4, "3b": 2}  # the global batch: rows of SEQUENCE tokens
 FIT_PHASES = ("prepare", "stage_start", "data_shard", "worker_start", "tensorflow_import", "strategy_and_model",
               "first_step", "trained_model_written")  # FitResult.timings' keys the time table shows
 
@@ -129,7 +132,9 @@ def plain(size, path, steps):
                                                "steps_after_the_first": ended - clock.first}}), flush=True)
 
 
-def distributed(size, path, steps, quantize=None):
+def distributed(size, path, steps, quantize=None, model_object=False):
+    """tfbarrier's 2 workers fine-tune the preset at ``path``: named (``tfbarrier.preset``), or where
+    ``model_object``, as a model object this driver loads, LoRA enabled and compiled (issue 74, item 4)."""
     import pandas as pd
 
     import tfbarrier
@@ -139,10 +144,17 @@ def distributed(size, path, steps, quantize=None):
     df = spark.createDataFrame(pd.DataFrame({name: list(values) for name, values in data.items()}))
     df = df.repartition(2).cache()
     df.count()
+    model = tfbarrier.preset(path, lora_rank=RANK, prepare=prepare, quantize=quantize)
+    if model_object:
+        import keras_hub
+
+        model = keras_hub.models.CausalLM.from_preset(path)
+        model.backbone.enable_lora(RANK)
+        prepare(model)
     before = resident_mb()[0]
     try:
         with PeakSampler(process_mb(os.getpid()), 0.1) as driver:
-            result = tfbarrier.fit(df, tfbarrier.preset(path, lora_rank=RANK, prepare=prepare, quantize=quantize),
+            result = tfbarrier.fit(df, model,
                                    features={"token_ids": "ids", "padding_mask": "mask"}, label="labels",
                                    batch_size=BATCH[size], epochs=1, steps_per_epoch=steps, num_workers=2, verbose=0)
     except tfbarrier.errors.TfBarrierError as error:  # the memory check's refusal is a result: the model is too large
@@ -174,32 +186,42 @@ def role(name, *args):
     return {**result, "wall": time.time() - started}
 
 
+ROWS = {"tfbarrier": "tfbarrier, 2 workers, the preset by name",
+        "tfbarrier-object": "tfbarrier, 2 workers, a model object the driver loaded"}
+
+
 def section(args, model, runs):
     plain_runs, tfb = runs["plain"], runs["tfbarrier"]
     _, plain_peak, _ = harness.stats([r["peak_mb"] for r in plain_runs])
-    _, tfb_peak, _ = harness.stats([r["peak_mb"] for r in tfb])
     _, plain_rate, _ = harness.stats([r["throughput"] for r in plain_runs])
-    low, tfb_rate, high = harness.stats([r["throughput"] for r in tfb])
     _, growth, _ = harness.stats([r["driver_growth_mb"] for r in tfb])
     sent = tfb[0]["sent_per_step"]
     adapters = plain_runs[0]["adapters_bytes"]
     weights_mb = model["weights_bytes"] / 2**20
-    return "\n".join([
-        f"`.venv/bin/python bench/preset_bench.py --size {args.size} --rounds {args.rounds} --steps {args.steps}`: "
+    flag = " --model-object" if "tfbarrier-object" in runs else ""
+    lines = [
+        f"`.venv/bin/python bench/preset_bench.py --size {args.size} --rounds {args.rounds} --steps {args.steps}"
+        f"{flag}`: "
         f"a Llama-architecture causal LM of {model['parameters'] / 1e6:,.1f} M parameters ({weights_mb:,.0f} MB) "
         f"built from a config and saved as a preset, rank-{RANK} adapters ({adapters / 2**20:.2f} MB), "
         f"{args.steps} steps of global batch {BATCH[args.size]} x {SEQUENCE} tokens; tfbarrier's 2 workers load the "
-        "preset on local[2], one plain process loads it on the same 2 cores. Medians of the rounds "
-        "(throughput: min-max). Targets: peak at most 1.1x, throughput at least 0.9x the plain process's; the "
-        "driver's growth at most 5% of the weights.", "",
+        "preset on local[2]" + (" (or the driver loads it and fits the model object)" if flag else "")
+        + ", one plain process loads it on the same 2 cores. Medians of the rounds (throughput: min-max). "
+        "Targets: peak at most 1.1x, throughput at least 0.9x the plain process's; the driver's growth at most 5% "
+        "of the weights" + (" (the preset by name)" if flag else "") + ".", "",
         "| | peak MB a process | samples/s after the first step | vs plain |",
         "|---|---|---|---|",
-        f"| plain process | {plain_peak:,.0f} | {plain_rate:.2f} | 1.00 |",
-        f"| tfbarrier, 2 workers | {tfb_peak:,.0f} ({tfb_peak / plain_peak:.2f}x) | {tfb_rate:.2f} "
-        f"({low:.2f}-{high:.2f}) | {tfb_rate / plain_rate:.2f} |", "",
-        f"The driver grew by {growth:,.0f} MB during the fit ({growth / weights_mb:.1%} of the weights). Each worker "
-        f"sent {sent / 2**20:.2f} MB a step through the ring (the adapters' gradients, the logs; the checksums and "
-        f"the epoch's end included), against {adapters / 2**20:.2f} MB of adapters.", "",
+        f"| plain process | {plain_peak:,.0f} | {plain_rate:.2f} | 1.00 |"]
+    for name, title in ROWS.items():
+        if name in runs:
+            _, peak, _ = harness.stats([r["peak_mb"] for r in runs[name]])
+            low, rate, high = harness.stats([r["throughput"] for r in runs[name]])
+            lines.append(f"| {title if flag else 'tfbarrier, 2 workers'} | {peak:,.0f} ({peak / plain_peak:.2f}x) | "
+                         f"{rate:.2f} ({low:.2f}-{high:.2f}) | {rate / plain_rate:.2f} |")
+    return "\n".join(lines + [
+        "", f"The driver grew by {growth:,.0f} MB during the fit ({growth / weights_mb:.1%} of the weights). Each "
+        f"worker sent {sent / 2**20:.2f} MB a step through the ring (the adapters' gradients, the logs; the checksums "
+        f"and the epoch's end included), against {adapters / 2**20:.2f} MB of adapters.", "",
         f"Where the time went (medians of the rounds; building the model from its config took {model['built']:,.0f} s "
         f"and saving it as a preset {model['saved']:,.0f} s, once, before the rounds; the phases overlap where a "
         "row says so):", "", time_table(runs)])
@@ -209,7 +231,7 @@ PHASE_NAMES = {  # a phase's key: its words in the time table
     "prepare": "the driver's checks before the stage", "stage_start": "Spark starting the stage",
     "data_shard": "the partition streamed to the shard", "worker_start": "the training process started",
     "tensorflow_import": "TensorFlow imported", "model_loaded": "the preset loaded, adapters on, compiled",
-    "strategy_and_model": "the preset loaded, adapters on, compiled, the memory check's traced step",
+    "strategy_and_model": "the model built in each process, adapters on, compiled, the memory check's traced step",
     "first_step": "the first step (its tracing)", "steps_after_the_first": "the steps after the first",
     "trained_model_written": "the adapters written for the driver", "fit": "the whole fit call",
     "wall": "the whole process (Python, imports, Spark, the fit)",
@@ -302,20 +324,25 @@ def main():
     parser.add_argument("--path")
     parser.add_argument("--quantize")
     parser.add_argument("--quantized-path")
+    parser.add_argument("--model-object", action="store_true",
+                        help="also fit the preset loaded on the driver, as a model object (issue 74, item 4)")
     args = parser.parse_args()
     if args.role:
         return {"save": lambda: save(args.size, args.path), "plain": lambda: plain(args.size, args.path, args.steps),
                 "save-quantized": lambda: save_quantized(args.path, args.quantized_path),
-                "tfbarrier": lambda: distributed(args.size, args.path, args.steps, args.quantize)}[args.role]()
+                "tfbarrier": lambda: distributed(args.size, args.path, args.steps, args.quantize),
+                "tfbarrier-object": lambda: distributed(args.size, args.path, args.steps, model_object=True),
+                }[args.role]()
     path = os.path.join(harness.scratch_dir("tfbarrier-bench-preset-"), "preset")
     common = ["--size", args.size, "--path", path, "--steps", str(args.steps)]
     model = role("save", *common)
     if args.quantized:
         return quantized(args, path, model)
-    runs = harness.rounds_of({"plain": lambda: (harness.settle(), role("plain", *common))[1],
-                              "tfbarrier": lambda: (harness.settle(), role("tfbarrier", *common))[1]},
-                             args.rounds, log=print)
-    harness.write_section(f"preset-{args.size}", section(args, model, runs))
+    contenders = ["plain", "tfbarrier"] + (["tfbarrier-object"] if args.model_object else [])
+    runs = harness.rounds_of({name: functools.partial(lambda name: (harness.settle(), role(name, *common))[1], name)
+                              for name in contenders}, args.rounds, log=print)
+    harness.write_section(f"preset-{args.size}" + ("-model-object" if args.model_object else ""),
+                          section(args, model, runs))
 
 
 if __name__ == "__main__":
