@@ -139,8 +139,9 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
         _refuse_sparse(grads, variables)
         dense = [(i, shaped(grad, variables, i)) for i, grad in enumerate(grads)
                  if grad is not None][::-1 if last_layers_first else 1]
-        cut = [shards.cut(pack, variables) for pack in packs(dense, pack_bytes)]
-        mine, after = _reduce_scattered(cut, ring, dtype, share)
+        packed = list(packs(dense, pack_bytes))
+        cut = [shards.cut(pack, variables) for pack in packed]
+        mine, after = _reduce_scattered(cut, ring, dtype, share, packed)
         owned = [shards.target(variables, index, start) for index, start in mine]
         owned_grads = [tf.cast(grad, variables[index].dtype) for (index, _), grad in mine.items()]
         if clipnorm:
@@ -164,11 +165,12 @@ def _sizes(pieces, size):
     return sizes
 
 
-def _reduce_scattered(cut, ring, dtype, share):
+def _reduce_scattered(cut, ring, dtype, share, packed):
     """{(index, start): this worker's summed share of the gradient} for its pieces, each pack of ``cut``
-    reduce-scattered in turn; and the last exchange, which the next must follow."""
-    mine, after = {}, []
-    for pieces_, parts in cut:
+    reduce-scattered in turn, the backward pass held PACKS_AHEAD packs ahead of the exchanges (``held_back``:
+    ``packed``, the packs as ring_hooks.packs made them); and the last exchange, which the next must follow."""
+    mine, after, ancestors = {}, [], set()
+    for number, (pieces_, parts) in enumerate(cut):
         sizes = _sizes(pieces_, ring.size)
         with tf.control_dependencies(after):
             flat = tf.concat([tf.reshape(tf.cast(part, dtype) * tf.cast(share, dtype), [-1]) for part in parts], 0)
@@ -176,11 +178,57 @@ def _reduce_scattered(cut, ring, dtype, share):
             chunk = tf.numpy_function(lambda values, sizes=sizes, view=_one_cut(pieces_): ring.reduce_scatter(
                 values, sizes, view), [flat], dtype, stateful=True)
         after = [chunk]
+        if number + PACKS_AHEAD < len(packed):
+            held_back(packed[number + PACKS_AHEAD], chunk, ancestors)
         owned = [piece for piece in pieces_ if piece[0] == ring.rank]
         split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
         for (_, index, start, _, shape), part in zip(owned, split):
             mine[index, start] = tf.reshape(part, shape)
     return mine, after
+
+
+# Gradients the backward pass may make ahead of the exchange that sums them, in packs. Unheld, it makes them all
+# before the ring has summed a few (it computes a pack faster than the ring sums it), so a step held them all at
+# once; held, a worker holds its own summed shares and this many packs: ZeRO's stage 2 (bench/README.md).
+PACKS_AHEAD = 2
+
+
+def held_back(pack, exchange, ancestors):
+    """Make the backward pass's operations that take the gradient flowing into ``pack``'s gradients wait for
+    ``exchange`` (an earlier pack's), where that makes no cycle: none that ``exchange`` itself waits for
+    (``ancestors``: the operations found so far that the exchanges wait for, grown here). In a traced step only;
+    TensorFlow has no public way to order operations already made, hence ``_add_control_input``. Returns how many
+    operations now wait."""
+    if tf.executing_eagerly():
+        return 0
+    _add_ancestors(exchange.op, ancestors)
+    held = 0
+    for _, grad in pack:
+        for flowing in _made_by(grad.op).inputs:
+            for consumer in flowing.consumers() if flowing.dtype.is_floating else ():
+                if consumer not in ancestors and exchange.op not in consumer.control_inputs:
+                    consumer._add_control_input(exchange.op)
+                    held += 1
+    return held
+
+
+def _made_by(op):
+    """The operation that computed a gradient ``op`` passes on (through identities, casts and reshapes)."""
+    while op.type in ("Identity", "Cast", "Reshape") and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+def _add_ancestors(op, found):
+    """Every operation ``op`` waits for, by its inputs or its control inputs, added to ``found``."""
+    stack = [op]
+    while stack:
+        current = stack.pop()
+        if current in found:
+            continue
+        found.add(current)
+        stack.extend(tensor.op for tensor in current.inputs)
+        stack.extend(current.control_inputs)
 
 
 def _all_gathered(cut, variables, shards, ring, after):
