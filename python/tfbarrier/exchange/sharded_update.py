@@ -1,5 +1,5 @@
 """The optimizer's state sharded over tfbarrier's ring (fit's ``communication={"shard": "optimizer"}``): ZeRO's
-stage 1.
+stage 1, and its stage 2 for the gradients' memory (the backward pass held a few packs ahead of the exchanges).
 
 Each trainable variable's optimizer state is held by one worker, or, for a large variable cut into blocks of rows,
 each block's by one worker (placement.py: every worker's pieces weigh about the same). A worker's optimizer (the
@@ -9,7 +9,10 @@ gradients cross the ring in packs, last layers first, as ring_hooks.exchange_gra
 is reduce-scattered instead of all-reduced: a worker receives the summed gradients of its own pieces in the pack,
 and nothing else. It applies its optimizer to them (gradient clipping by global norm takes the norm over every
 worker's pieces: one scalar crosses), then each pack's updated values are all-gathered from their holders, so
-every replica is whole and equal again before the next step. The bytes that cross are an all-reduce's.
+every replica is whole and equal again before the next step. The bytes that cross are an all-reduce's. A pack's
+full gradients are freed once it is reduce-scattered, and the backward pass makes a pack's gradients only once the
+exchange of the pack PACKS_AHEAD before it is done (``held_back``), so a worker holds its own summed shares and a
+few packs, not every gradient of the step.
 Imported only in training processes.
 """
 
