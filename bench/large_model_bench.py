@@ -192,10 +192,11 @@ def check_trained(report, df, result):
 def refused(report, spark, model):
     """Whether fit's check on the driver refuses the model (its workers cannot hold it): then its
     message is in ``report`` (fit would raise it before the stage)."""
-    from tfbarrier.models import memory
     from tfbarrier.errors import ModelError
+    from tfbarrier.models import memory
+    from tfbarrier.spark.worker_memory import executor_budget
 
-    report["worker_budget"] = memory.executor_budget(spark, 2)[0]  # what the check gives each worker now
+    report["worker_budget"] = executor_budget(spark, 2)[0]  # what the check gives each worker now
     try:
         memory.check_on_driver(spark, memory.ModelSize.of(model), BATCH // 2, 2)
     except ModelError as exc:
@@ -328,12 +329,12 @@ def large_models_section(models, rounds, floors, drivers):
 def check_limit(name, drivers):
     """What the memory check gave each worker of ``name``'s fits, and the parameters (float32) of the largest
     model of its optimizer that it would then accept (its batch and layer outputs, a few MB here, left out)."""
-    from tfbarrier import exchange as exchanges
     from tfbarrier.models import memory
 
     budget, optimizer = statistics.median(d["worker_budget"] for d in drivers), MODELS[name][1]
-    room = budget - memory.TENSORFLOW_BYTES  # a fit over the ring (the default)
-    largest = room / (4 * (exchanges.named("tfbarrier").step_copies + (2 if optimizer == "adam" else 0)))
+    # a MiB of float32 weights, as one matrix (these MLPs are mostly one), over the ring (the default)
+    a_mib = memory.ModelSize(weights=2**20, trainable=2**20, slots=2 if optimizer == "adam" else 0, optimizer="")
+    largest = (budget - memory.TENSORFLOW_BYTES) / (4 * (a_mib.worker_bytes(0) - memory.TENSORFLOW_BYTES) / 2**20)
     return (f"{name} {budget / 2**30:.1f} GiB (the largest {optimizer.upper()} model it accepts then: "
             f"{largest / 1e6:,.0f} M parameters)")
 

@@ -2,11 +2,11 @@
 
 Real 2-worker ``tfbarrier.fit`` calls on local[2] (Spark's default memory, ``spark.tfbarrier.memoryCheck``
 off so that every model trains), 4 steps of global batch 64, each model's fits in a driver of their
-own: Dense-heavy MLPs (input 1024, two hidden layers: 12, 61, 150 and 300 M parameters) and conv-heavy
-CNNs (64x64x3 images, four convolutions of 64-128 or 128-256 filters: little weight, much activation),
-each with plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on these peaks:
-the strategy's at ec8e299 (mlp150's SGD row first run after them), the ring's (RING_STEP_COPIES, the
-default fit's) on the peaks of a run at 63fde93, then checked by the next run. A training
+own: Dense-heavy MLPs (input 1024, two hidden layers: 12, 61, 150 and 300 M parameters; deep65 below) and
+conv-heavy CNNs (64x64x3 images, four convolutions of 64-128 or 128-256 filters: little weight, much activation),
+each with plain SGD, SGD with momentum and Adam. memory.py's constants were fitted on these peaks: the strategy's
+at ec8e299 (mlp150's SGD row first run after them), the ring's step on the peaks of a run at 63fde93, then checked
+by the next run, and split into copies of the weights and of the largest variable on deep65's (issue 74). A training
 process reports its peak resident memory (``ru_maxrss``: it includes TensorFlow itself) in
 ``FitResult.workers[i]["memory"]``; the row takes the larger of the two workers', against
 ``memory.ModelSize.worker_bytes``, what the check on the driver compares with what a worker can have.
@@ -20,10 +20,14 @@ copies of the trainable weights, for models of at least TELLING_MB of them).
 column its preprocessor tokenizes (128 tokens a row), traced at that length.
 
 ``--sharded`` (issue 74): the fits shard the optimizer's state over the workers (``communication={"shard":
-"optimizer"}``), the estimate the check's for that (``ModelSize.sharded``); warm start off
-(``spark.tfbarrier.warmStart=false``), so every fit's training processes import TensorFlow themselves, as the
-estimate counts it (a process forked warm from a keeper holds less of it). Each row says how many of its fits'
-workers were forked warm.
+"optimizer"}``), the estimate the check's for that (``ModelSize.sharded``).
+
+Warm start is off (``spark.tfbarrier.warmStart=false``; since issue 74, before it for ``--sharded`` only), so
+every fit's training processes import TensorFlow themselves, as the estimate counts it (a process forked warm
+from a keeper holds less of it). Each row says how many of its fits' workers were forked warm.
+
+``deep65`` (issue 74): 65 M parameters in 16 hidden layers of 2048 (no matrix over 6% of them), where the
+step's copies of the largest variable are small beside its weights and gradients.
 
 ``--models lora --optimizers adam --section=-lora`` (issue 60): a LoRA fine-tune, a Llama-architecture causal LM
 of about 120 M parameters built from a config (no download) with rank-4 adapters on its attention, trained from
@@ -49,7 +53,8 @@ harness.local_spark_env()
 
 ROWS, BATCH, STEPS, WORKERS = 256, 64, 4, 2
 HIDDEN = {"mlp12": 3000, "mlp61": 7310, "mlp150": 11800, "mlp300": 16810}  # units of the two hidden layers
-SHAPES = {**{name: (1024,) for name in HIDDEN}, "cnn": (64, 64, 3), "cnn-wide": (64, 64, 3)}
+DEEP = {"deep65": (2048, 16)}  # (units, hidden layers): 65 M parameters, no matrix over 6% of them
+SHAPES = {**{name: (1024,) for name in [*HIDDEN, *DEEP]}, "cnn": (64, 64, 3), "cnn-wide": (64, 64, 3)}
 SEQUENCE, VOCABULARY = 64, 8192  # the LoRA model's rows: 64 token ids each
 TEXT_SEQUENCE = 128  # the text model's preprocessor's sequence_length
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "park", "it", "was", "sunny", "and", "warm"]
@@ -91,9 +96,10 @@ def build(keras, name, optimizer):
         model = lora_model()
     elif name == "text":
         model = text_model()
-    elif name.startswith("mlp"):
-        model = keras.Sequential([keras.Input(SHAPES[name]), layers.Dense(HIDDEN[name], activation="relu"),
-                                  layers.Dense(HIDDEN[name], activation="relu"), layers.Dense(10)])
+    elif name in HIDDEN or name in DEEP:
+        units, hidden = DEEP.get(name, (HIDDEN.get(name), 2))
+        model = keras.Sequential([keras.Input(SHAPES[name]), *[layers.Dense(units, activation="relu")
+                                                               for _ in range(hidden)], layers.Dense(10)])
     else:
         model = keras.Sequential([keras.Input(SHAPES[name])]
                                  + [layers.Conv2D(filters, 3, padding="same", activation="relu")
@@ -210,8 +216,7 @@ def driver(name, optimizers, sharded=False):
     """One model's fits, one per optimizer, in a driver process of its own (``--driver``): a driver
     keeps what TensorFlow's allocator once held, so the models of several sizes in one driver add up
     (11.7 GB of them, which the OOM killer ended). Prints a JSON line."""
-    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false",
-                                   **({"spark.tfbarrier.warmStart": "false"} if sharded else {})})
+    spark = harness.local_spark(**{"spark.tfbarrier.memoryCheck": "false", "spark.tfbarrier.warmStart": "false"})
     df = frame(spark, name)
     found = {optimizer: measure(df, name, optimizer, sharded) for optimizer in optimizers}
     print("RESULT " + json.dumps(found), flush=True)

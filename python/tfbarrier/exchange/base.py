@@ -10,6 +10,11 @@ from tfbarrier.errors import InvalidArgumentError
 COMPRESSIONS = ("none", "fp16")  # communication's compression, every exchange's
 SHARDS = ("none", "optimizer")  # communication's shard: what each worker holds a 1/N of (the ring's: sharded_update.py)
 PACK_BYTES = 16 * 2**20  # the gradients travel in packs of about this much each (bytes_per_pack's default)
+# Gradients the backward pass of a sharded step may make ahead of the exchange that sums them, in packs. Unheld, it
+# makes them all before the ring has summed a few (it computes a pack faster than the ring sums it), so a step held
+# them all at once; held, a worker holds its own summed shares and this many packs: ZeRO's stage 2
+# (sharded_update.held_back; bench/README.md).
+PACKS_AHEAD = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,9 +24,11 @@ class Exchange:
     name = None  # what fit's ``exchange=`` calls it
     tensorflow_server = False  # its workers talk through TensorFlow's gRPC server, which TLS cannot cover
     local_replicas = False  # a worker may train on several GPUs at once (the strategy's local replicas)
-    # A training process's peak in a step, in copies of the trainable weights (models/memory.py); and whether
-    # TensorFlow's allocator keeps as many copies again of the first memory.SMALL_MODEL_BYTES of them.
+    # A training process's peak in a step (models/memory.py), in copies of the trainable weights, and of the largest
+    # trainable variable (or pack of gradients) besides; and whether TensorFlow's allocator keeps as many copies
+    # again of the first memory.SMALL_MODEL_BYTES of the weights.
     step_copies = 0.0
+    largest_copies = 0.0
     small_model_copies = False
 
     options = ("bytes_per_pack", "compression", "timeout_seconds")  # the communication= keys it takes

@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_keras
 
 from tfbarrier.errors import ModelError
+from tfbarrier.exchange.base import PACKS_AHEAD
 from tfbarrier.exchange.placement import pieces
 from tfbarrier.exchange.ring_hooks import packing, packs, shaped
 from tfbarrier.keras_helpers import inner_optimizer
@@ -188,12 +189,6 @@ def _reduce_scattered(cut, ring, dtype, share, packed):
         for (_, index, start, _, shape), part in zip(owned, split):
             mine[index, start] = tf.reshape(part, shape)
     return mine, after
-
-
-# Gradients the backward pass may make ahead of the exchange that sums them, in packs. Unheld, it makes them all
-# before the ring has summed a few (it computes a pack faster than the ring sums it), so a step held them all at
-# once; held, a worker holds its own summed shares and this many packs: ZeRO's stage 2 (bench/README.md).
-PACKS_AHEAD = 2
 
 
 def held_back(pack, exchange, ancestors):

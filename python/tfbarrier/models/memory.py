@@ -2,49 +2,41 @@
 that cannot fit, naming the numbers, instead of letting the kernel's OOM killer or a container's limit
 end the job (or the machine) mid-way.
 
-A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the
-model's weights, their gradients, the all-reduced pieces of the gradients and their joined sums (the
-exchange's ``step_copies`` of the trainable weights; under MultiWorkerMirroredStrategy as many again of the
-first SMALL_MODEL_BYTES, which TensorFlow's allocator keeps once it has them there: the exchange's
-``small_model_copies``), the optimizer's slots (none for plain SGD, one copy
-of the trainable weights with momentum, two for Adam...: their updates' temporaries fit in what the
-step holds anyway, but for plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN:
-POOLED_SGD_COPIES), and each layer's output on a batch, kept for the backward pass with its gradient
-(ACTIVATION_COPIES). A model whose layers' outputs do not tell their sizes (a transformer's sequence
-length, unknown until the data's widths are; its blocks' insides, which no layer output shows) is
-traced instead, once the widths are known: what a step's backward pass keeps of its forward pass,
-tensor by tensor (``kept_for_backward``), counted once, as measured, and its graph, by the operations of the
-traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's allocator, which
-the layers' rule, fitted on MLPs and CNNs of a few layers, leaves out). A model that trains natively
-(Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a variable at a time (a preset's, or a model
-object's archive unpacked: native_model.load_archive), are held once. The constants come from the peaks of real
-2-worker fits
-(bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters and CNNs of 64x64 images, with SGD,
-momentum and Adam; the strategy's at ec8e299, the ring's at 63fde93); bench/README.md has the estimate
-beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
+A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the weights and
+their gradients (the exchange's ``step_copies`` of the trainable weights), copies of the largest variable's gradient,
+or pack of gradients, as the exchange and the optimizer's update compute with it (its ``largest_copies``; under
+MultiWorkerMirroredStrategy copies of every weight instead, and as many again of the first SMALL_MODEL_BYTES,
+which TensorFlow's allocator keeps: ``small_model_copies``); the optimizer's slots (none for plain SGD, one copy
+of the trainable weights with momentum, two for Adam...; their updates' temporaries fit in what the step holds,
+but for plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN: POOLED_SGD_COPIES);
+and each layer's output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). With the
+optimizer's state sharded over N workers, a worker holds about 1/N of the slots, copies of the blocks of a cut
+variable it updates, and of the gradients its own summed shares and PACKS_AHEAD packs (the backward pass is held
+back: sharded_update.held_back). A model whose layers' outputs do not tell their sizes (a transformer's sequence
+length, unknown until the data's widths are) is traced instead, once the widths are known: what a step's
+backward pass keeps of its forward pass, tensor by tensor (``kept_for_backward``), and its graph, by the
+operations of the traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's
+allocator). A model that trains natively (Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a
+variable at a time (a preset's, or a model object's archive: native_model.load_archive), are held once. The
+constants come from the peaks of real 2-worker fits (bench/memory_estimate_bench.py: MLPs of 12 to 300 M
+parameters, mostly one matrix, a 65 M model of 16 layers, CNNs of 64x64 images; SGD, momentum and Adam);
+bench/README.md has the estimate beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
 
-What a worker can have, where the driver can tell: on a local master (``local``, ``local-cluster``),
-the machine's available memory shared by every worker, less a tenth of the machine (HEADROOM: the
-kernel counts as available the page cache that running TensorFlow and the JVM read their code from,
-and the estimate can be 5% under a peak; two workers of a 400 M model, each estimated within its share
-of the rest, were ended by the OOM killer on a 24 GiB machine); with ``spark.executor.pyspark.memory``, that
-share of each executor; on YARN and Kubernetes, whose containers hold the executor's memory overhead
-besides its heap, that overhead (``spark.executor.memoryOverhead``) plus the PySpark memory. Elsewhere
-(a standalone cluster) the training process checks on its host before its first step, once it knows
-how many workers share the host. ``spark.tfbarrier.memoryCheck=false`` turns both checks off.
+What a worker can have: spark/worker_memory.py. ``spark.tfbarrier.memoryCheck=false`` turns both checks off.
 """
 
 import dataclasses
 import math
-import re
 import sys
 
 from tfbarrier import exchange as exchanges
 from tfbarrier.exchange import placement
+from tfbarrier.exchange.base import PACK_BYTES, PACKS_AHEAD
 from tfbarrier.errors import ModelError
 from tfbarrier.keras_helpers import inner_optimizer
 from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
 from tfbarrier.spark.training_process import onednn_on
+from tfbarrier.spark.worker_memory import HEADROOM_SAID, executor_budget, gb, usable_bytes
 
 MIB = 2**20
 TENSORFLOW_BYTES = 650 * MIB  # a training process with TensorFlow, tf_keras and a strategy, before any model
@@ -62,8 +54,6 @@ ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pa
 # 1.3-1.8 copies of the trainable weights more than step_copies says (bench/memory_estimate_bench.py on such a CPU,
 # MLPs of 61 to 300 M parameters); with oneDNN's pool it did not (its runs at beab669).
 POOLED_SGD_COPIES = 1.5
-HEADROOM = 0.1  # of a host's memory, kept from the workers' share (see above)
-HEADROOM_SAID = "(a tenth of its memory kept for the code that runs and the kernel)"
 
 
 def optimizer_slots(optimizer):
@@ -162,19 +152,28 @@ class ModelSize:
         """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
         exchange = self.exchange or exchanges.named("tfbarrier")
         small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
-        step = exchange.step_copies * (self.trainable + small)
+        step = exchange.step_copies * (self.trainable + small) + exchange.largest_copies * self._largest()
+        if self.slot_share < 1.0:  # sharded: the gradients held back, but this worker's summed shares and a few packs
+            step -= self.trainable - min(self.trainable, self.slot_share * self.trainable + PACKS_AHEAD * PACK_BYTES)
         if self.pooled and not self.slots:
             step += POOLED_SGD_COPIES * self.trainable
         kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
                 else self.kept[0] * rows + self.kept[1])
         return {"TensorFlow": TENSORFLOW_BYTES + (KERAS3_BYTES if self.native else 0),
-                "weights, gradients and their all-reduce": int(step), "frozen weights": self.weights - self.trainable,
+                "weights, gradients and their exchange": int(step), "frozen weights": self.weights - self.trainable,
                 f"{self.optimizer}'s slots ({self.slots} per weight{self._held()})": int(
                     self.slots * self.trainable * self.slot_share),
                 "the blocks of weights it updates": self.blocks,
                 "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
                 "the traced step's graph": self.graph,
                 "a batch": self.inputs * rows}
+
+    def _largest(self):
+        """Bytes of the largest trainable variable, or of a pack of gradients (they travel joined); the whole
+        trainable weights where their shapes are not known."""
+        if not self.shapes:
+            return self.trainable
+        return max(max(math.prod(shape) * itemsize for shape, itemsize in self.shapes), min(self.trainable, PACK_BYTES))
 
     def _held(self):
         return "" if self.slot_share == 1.0 else f", {self.slot_share:.0%} of them on this worker"
@@ -183,8 +182,8 @@ class ModelSize:
         return sum(self.parts(rows).values())
 
     def describe(self, rows):
-        parts = ", ".join(f"{name} {_gb(value)}" for name, value in self.parts(rows).items() if value)
-        return f"{_gb(self.worker_bytes(rows))} ({parts})"
+        parts = ", ".join(f"{name} {gb(value)}" for name, value in self.parts(rows).items() if value)
+        return f"{gb(self.worker_bytes(rows))} ({parts})"
 
 
 def _values(tensors):
@@ -286,77 +285,8 @@ def _flatten(structure):
     return [structure]
 
 
-def _gb(value):
-    if value >= 2**30:
-        return f"{value / 2**30:.2f} GB"
-    return f"{value / MIB:.0f} MB" if value >= MIB else f"{value / 1024:.0f} KB"
-
-
-def parse_size(text, default_unit="m"):
-    """Bytes of a Spark memory setting ("4g", "512m", "1024": mebibytes unless it says)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)i?b?\s*", str(text).lower())
-    if not match:
-        raise ValueError(f"not a memory size: {text!r}")
-    unit = match.group(2) or default_unit
-    return int(float(match.group(1)) * 1024 ** " kmgtp".index(unit))
-
-
-def _meminfo():
-    """/proc/meminfo's fields in bytes ({} where it cannot be read)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.rstrip().endswith("kB")}
-    except OSError:
-        return {}
-
-
-def usable_bytes():
-    """What the workers on this host may share: its available memory less HEADROOM of its memory, or
-    None where it cannot be read."""
-    info = _meminfo()
-    if "MemAvailable" not in info or "MemTotal" not in info:
-        return None
-    return max(0, info["MemAvailable"] - int(HEADROOM * info["MemTotal"]))
-
-
 def enabled(conf_get):
     return switched_on(conf_get, MEMORY_CHECK_CONF)
-
-
-def executor_budget(spark, num_workers):
-    """(bytes each worker can have, where that comes from, what to change) as far as the driver can
-    tell, else None."""
-    from tfbarrier.spark import cluster
-
-    conf = spark.conf
-    master = cluster.master(spark)
-    pyspark_memory = conf.get("spark.executor.pyspark.memory", None)
-    cores = int(conf.get("spark.executor.cores", "1") or 1)
-    task_cpus = int(float(conf.get("spark.task.cpus", "1") or 1))
-    tasks_per_executor = max(1, cores // max(1, task_cpus))
-    if master.startswith(("yarn", "k8s://")):
-        heap = parse_size(conf.get("spark.executor.memory", "1g"))
-        factor = float(conf.get("spark.executor.memoryOverheadFactor", "0.1"))
-        overhead = conf.get("spark.executor.memoryOverhead", None)
-        budget = parse_size(overhead) if overhead else max(384 * MIB, int(factor * heap))
-        budget += parse_size(pyspark_memory) if pyspark_memory else 0
-        return (budget // tasks_per_executor,
-                f"each executor's container holds {_gb(budget)} besides the JVM heap (memory overhead"
-                f"{' and PySpark memory' if pyspark_memory else ''}) for {tasks_per_executor} task(s)",
-                "raise spark.executor.memoryOverhead (training processes live outside the JVM's heap)")
-    if pyspark_memory:
-        budget = parse_size(pyspark_memory)
-        return (budget // tasks_per_executor,
-                f"spark.executor.pyspark.memory is {pyspark_memory} for {tasks_per_executor} task(s) per executor",
-                "raise spark.executor.pyspark.memory")
-    if cluster.on_this_machine(master):
-        usable = usable_bytes()
-        if usable is None:
-            return None
-        return (usable // num_workers,
-                f"this machine has {_gb(usable)} available for {num_workers} workers {HEADROOM_SAID}",
-                "use fewer workers (num_workers), a smaller model or batch, or a machine with more memory")
-    return None
 
 
 def check_on_driver(spark, size, rows, num_workers, exchange=None, sharded=False):
@@ -387,7 +317,7 @@ def check_on_host(size, rows, workers_on_host, already_held):
         return
     share = usable // max(1, workers_on_host) + already_held
     _refuse_over(size, rows, share + TENSORFLOW_BYTES,
-                 f"this host has {_gb(usable)} available for the {workers_on_host} worker(s) on it {HEADROOM_SAID}",
+                 f"this host has {gb(usable)} available for the {workers_on_host} worker(s) on it {HEADROOM_SAID}",
                  "use fewer workers per host, a smaller model or batch, or hosts with more memory")
 
 
@@ -395,6 +325,6 @@ def _refuse_over(size, rows, can_have, why, fix):
     need = size.worker_bytes(rows)
     if need > can_have:
         raise ModelError(
-            f"each training process needs about {size.describe(rows)}, but can have about {_gb(can_have)}: "
+            f"each training process needs about {size.describe(rows)}, but can have about {gb(can_have)}: "
             f"{why}. To fit: {fix}; or set {MEMORY_CHECK_CONF}=false to try anyway"
         )
