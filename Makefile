@@ -136,7 +136,7 @@ BENCH_TABLES := fit-cnn fit-large gap scaling feed environment predict predict-n
                 hosts faults scaling-model allocator exchange memory-estimate cpu-pool speed-onednn keras3-paths \
                 encryption-native encryption-translated hosts-encryption text memory-estimate-lora preset-120m preset-1b preset-250m-model-object \
                 quantized-lora-120m quantized-lora-1b quantized-lora-3b memory-estimate-text-and-archive memory-estimate-sharded \
-                warm-start ring-model hosts-overlap hosts-overlap-mlp link sharded-optimizer
+                warm-start ring-model hosts-overlap hosts-overlap-mlp link sharded-optimizer largest-model memory-estimate-layers
 .PHONY: bench bench-all bench-quick $(addprefix bench-,$(BENCH_TABLES))
 bench bench-all: $(addprefix bench-,$(BENCH_TABLES))
 
@@ -170,6 +170,9 @@ bench-large-models-checkpoint: venv
 	$(PY) bench/large_model_bench.py --checkpoint --rounds 3
 bench-sharded-optimizer: venv
 	$(PY) bench/sharded_bench.py --rounds 2 --models mlp61:2 mlp61:4 deep65:2 deep65:4
+# The largest Adam model 2 workers train, replicated and sharded (issue 74): a fit near this machine's memory each.
+bench-largest-model: venv
+	$(PY) bench/largest_model_bench.py
 bench-sparklyr: venv
 	$(PY) bench/sparklyr_bench.py --rows 1000000 --rounds 3
 bench-vector-columns: venv
@@ -195,8 +198,11 @@ bench-memory-estimate-lora: venv
 bench-memory-estimate-text-and-archive: venv
 	$(PY) bench/memory_estimate_bench.py --rounds 2 --models lora text --optimizers adam --baseline-ref 8400196 --section=-text-and-archive
 # The estimate of a fit whose optimizer's state is sharded, against its cold training processes' peaks (issue 74).
+# The ring's step counted by its largest variable (issue 74): a model of many layers beside MLPs mostly one matrix.
+bench-memory-estimate-layers: venv
+	$(PY) bench/memory_estimate_bench.py --rounds 1 --models deep65 mlp12 mlp61 mlp150 mlp300 --section=-layers
 bench-memory-estimate-sharded: venv
-	$(PY) bench/memory_estimate_bench.py --rounds 2 --models mlp61 mlp150 --optimizers momentum adam --sharded --section=-sharded
+	$(PY) bench/memory_estimate_bench.py --rounds 2 --models deep65 mlp61 mlp150 --optimizers momentum adam --sharded --section=-sharded
 # A LoRA fine-tune of a preset the training processes load, against one plain process (issue 60).
 bench-preset-120m: venv
 	$(PY) bench/preset_bench.py --size 120m --rounds 2 --steps 6
