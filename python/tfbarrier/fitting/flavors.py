@@ -90,7 +90,7 @@ class Keras3:
         if getattr(job.model, "adapters", ()):
             return training.write_trained(job, model, workdir, is_chief)
         if is_chief:
-            model.save(os.path.join(workdir, TRAINED_ARCHIVE_FILE))
+            training.save_archive(model, os.path.join(workdir, TRAINED_ARCHIVE_FILE))
         return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
 
 

@@ -53,10 +53,29 @@ def write_trained(job, model, workdir, is_chief):
         checksum = write_weights(model.weights, path if is_chief else None)
         return ({"weights": TRAINED_WEIGHTS_FILE} if is_chief else {}), checksum
     path = os.path.join(workdir, TRAINED_ARCHIVE_FILE)
-    model.save(path)  # every worker saves: reading the weights may be a collective
-    if not is_chief:
-        os.unlink(path)
+    if is_chief or job.tensorflow_server:  # under the strategy every worker saves: reading the weights is a collective
+        save_archive(model, path)
+        if not is_chief:
+            os.unlink(path)
     return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
+
+
+def save_archive(model, path):
+    """Save ``model`` (Keras 3 or tf_keras) as a ``.keras`` archive with its optimizer's config but not its state:
+    Keras builds the archive's weights file in memory, where Adam's slots tripled what the archive took (a model
+    function's training process peaked at 1.5x what the step held: bench/README.md, issue 74); the driver's model
+    gets a fresh optimizer of the same config, as a model object's keeps its own. An optimizer that cannot be made
+    again from its config is saved with its state."""
+    optimizer = model.optimizer
+    try:
+        fresh = type(optimizer).from_config(optimizer.get_config())
+    except Exception:  # noqa: BLE001 - a custom optimizer without a config: saved as it is
+        fresh = optimizer
+    model.optimizer = fresh
+    try:
+        model.save(path)
+    finally:
+        model.optimizer = optimizer
 
 
 def validation_dataset(job, config, input_shape, training, distribute):

@@ -54,6 +54,10 @@ ACTIVATION_COPIES = 1.8  # a layer's output on a batch, kept for the backward pa
 # 1.3-1.8 copies of the trainable weights more than step_copies says (bench/memory_estimate_bench.py on such a CPU,
 # MLPs of 61 to 300 M parameters); with oneDNN's pool it did not (its runs at beab669).
 POOLED_SGD_COPIES = 1.5
+# The chief's trained model as a .keras archive (a model function's, a Keras 3 model object's): Keras builds its
+# weights file in memory and copies it out, 2.3 copies of the weights, once the step's tensors are freed (a model
+# function's fit of a 135 M MLP of 8 layers: its chief peaked 520 MB over the other worker; issue 74)
+ARCHIVE_COPIES = 2.3
 
 
 def optimizer_slots(optimizer):
@@ -100,6 +104,7 @@ class ModelSize:
     native: bool = False  # trains in Keras 3 (KERAS3_BYTES)
     graph: int = 0  # bytes the traced step's graph takes, where the step was traced (GRAPH_BYTES_PER_OP)
     pooled: bool = False  # trains without oneDNN, in TensorFlow's BFC pool (POOLED_SGD_COPIES)
+    archived: bool = False  # its chief writes the trained model as a .keras archive (ARCHIVE_COPIES)
     shapes: tuple = ()  # ((shape, bytes a value) of each trainable variable): where sharded slots lie (placement.py)
     slot_share: float = 1.0  # the share of the slots a worker holds (communication's shard: about 1/N)
     blocks: int = 0  # bytes of the copies of cut variables' blocks a worker holds to update them (sharded)
@@ -133,6 +138,8 @@ class ModelSize:
         # a model function's too, when it built one (of a class of its own, whose module is the user's)
         native = job.model.native or ("keras" in sys.modules and isinstance(model, sys.modules["keras"].Model))
         size = cls.of(model, job.exchange, kept=kept, native=native)
+        size = dataclasses.replace(size, archived=getattr(job.model, "flavor", None) == "function" or (
+            native and not getattr(job.model, "adapters", ()) and not hasattr(job.model, "write_trained")))
         if kept is not None or widths is None:  # traced on the driver (its graph too), or nothing to trace here
             return size if kept is None else dataclasses.replace(size, graph=told.graph)
         return size.with_widths(model, input_shapes(model, widths if isinstance(widths, dict) else {None: widths}))
@@ -166,7 +173,12 @@ class ModelSize:
                 "the blocks of weights it updates": self.blocks,
                 "a batch's layer outputs" if self.kept is None else "what a batch's step keeps": kept,
                 "the traced step's graph": self.graph,
+                "the trained model's archive, past the step": self._archive(step),
                 "a batch": self.inputs * rows}
+
+    def _archive(self, step):
+        """What writing the trained archive holds past what ``step`` held (its tensors are freed by then)."""
+        return max(0, int(ARCHIVE_COPIES * self.weights - (step - self.trainable))) if self.archived else 0
 
     def _largest(self):
         """Bytes of the largest trainable variable, or of a pack of gradients (they travel joined); the whole

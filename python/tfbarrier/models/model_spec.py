@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import tempfile
+import warnings
 import zipfile
 
 import cloudpickle
@@ -207,7 +208,9 @@ class ModelSpec:
         with the trained weights (same Keras as the user's), or the model of the chief's archive (a model
         function's, in the Keras it built it with)."""
         if self.flavor == "function":  # the archive of what it built: tf_keras's, or Keras 3's
-            return keras_module(_archive_flavor(path)).models.load_model(path)
+            with warnings.catch_warnings():  # its optimizer saved unbuilt (training.save_archive): Keras 3 warns
+                warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+                return keras_module(_archive_flavor(path)).models.load_model(path)
         keras = keras_module(self.flavor)
         model = keras.models.clone_model(original, clone_function=_with_zeros)
         read_weights(path, model.weights, lambda variable: [tf_variable(variable)])
