@@ -21,6 +21,7 @@ from tfbarrier.data import shards
 from tfbarrier.errors import ColumnError
 from tfbarrier.fitting import pacing, saving
 from tfbarrier.fitting.checkpoints import Checkpoints
+from tfbarrier.keras_helpers import optimizer_state_left_out
 from tfbarrier.models.weights_file import write_weights
 from tfbarrier.spark import protocol
 
@@ -66,16 +67,13 @@ def save_archive(model, path):
     function's training process peaked at 1.5x what the step held: bench/README.md, issue 74); the driver's model
     gets a fresh optimizer of the same config, as a model object's keeps its own. An optimizer that cannot be made
     again from its config is saved with its state."""
-    optimizer = model.optimizer
     try:
-        fresh = type(optimizer).from_config(optimizer.get_config())
+        type(model.optimizer).from_config(model.optimizer.get_config())
+        remade = True
     except Exception:  # noqa: BLE001 - a custom optimizer without a config: saved as it is
-        fresh = optimizer
-    model.optimizer = fresh
-    try:
+        remade = False
+    with optimizer_state_left_out(model, remade):
         model.save(path)
-    finally:
-        model.optimizer = optimizer
 
 
 def validation_dataset(job, config, input_shape, training, distribute):
