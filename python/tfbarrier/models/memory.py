@@ -159,7 +159,7 @@ class ModelSize:
         exchange = self.exchange or exchanges.named("tfbarrier")
         small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
         step = exchange.step_copies * (self.trainable + small) + exchange.largest_copies * self._largest()
-        # Sharded, the backward pass is held back (sharded_update.held_back), yet every gradient is counted: a 340 M
+        # Sharded, the backward pass is held back (sharded_update.held_back), yet every gradient is counted: a 323 M
         # model of 20 layers of 64 MB held them all (peak 0.85x an estimate that counted its share of them: issue 74)
         if self.pooled and not self.slots:
             step += POOLED_SGD_COPIES * self.trainable
