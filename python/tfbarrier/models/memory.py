@@ -2,24 +2,24 @@
 that cannot fit, naming the numbers, instead of letting the kernel's OOM killer or a container's limit
 end the job (or the machine) mid-way.
 
-A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the weights and
-their gradients (the exchange's ``step_copies`` of the trainable weights), copies of the largest variable's gradient,
-or pack of gradients, as the exchange and the optimizer's update compute with it (its ``largest_copies``; under
-MultiWorkerMirroredStrategy copies of every weight instead, and as many again of the first SMALL_MODEL_BYTES,
-which TensorFlow's allocator keeps: ``small_model_copies``); the optimizer's slots (none for plain SGD, one copy
-of the trainable weights with momentum, two for Adam...; their updates' temporaries fit in what the step holds,
-but for plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN: POOLED_SGD_COPIES);
-and each layer's output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). With the
-optimizer's state sharded over N workers, a worker holds about 1/N of the slots and copies of the blocks of a cut
-variable it updates (and every gradient: see ``parts``). A model whose layers' outputs do not tell their sizes (a transformer's sequence
-length, unknown until the data's widths are) is traced instead, once the widths are known: what a step's
-backward pass keeps of its forward pass, tensor by tensor (``kept_for_backward``), and its graph, by the
-operations of the traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's
-allocator). A model that trains natively (Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a
-variable at a time (a preset's, or a model object's archive: native_model.load_archive), are held once. The
-constants come from the peaks of real 2-worker fits (bench/memory_estimate_bench.py: MLPs of 12 to 300 M
-parameters, mostly one matrix, a 65 M model of 16 layers, CNNs of 64x64 images; SGD, momentum and Adam);
-bench/README.md has the estimate beside each peak. The estimate is the sum (``ModelSize.worker_bytes``).
+A training process holds TensorFlow itself (TENSORFLOW_BYTES), then, at its peak in a step: the weights and their
+gradients (the exchange's ``step_copies`` of the trainable weights), copies of the largest variable's gradient, or
+pack of gradients, as the exchange and the optimizer's update compute with it (its ``largest_copies``; under
+MultiWorkerMirroredStrategy copies of every weight instead, and as many again of the first SMALL_MODEL_BYTES, which
+TensorFlow's allocator keeps: ``small_model_copies``); the optimizer's slots (none for plain SGD, one copy of the
+trainable weights with momentum, two for Adam...; their updates' temporaries fit in what the step holds, but for
+plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN: POOLED_SGD_COPIES); and each
+layer's output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). With the optimizer's
+state sharded over N workers, a worker holds about 1/N of the slots and copies of the blocks of a cut variable it
+updates (and every gradient: see ``parts``). A model whose layers' outputs do not tell their sizes (a transformer's
+sequence length, unknown until the data's widths are) is traced instead, once the widths are known: what a step's
+backward pass keeps of its forward pass, tensor by tensor (``kept_for_backward``), and its graph, by the operations
+of the traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's allocator). A model
+that trains natively (Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a variable at a time (a
+preset's, or a model object's archive: native_model.load_archive), are held once. The constants come from the peaks
+of real 2-worker fits (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters, mostly one matrix, a 65 M
+model of 16 layers, CNNs of 64x64 images; SGD, momentum and Adam); bench/README.md has the estimate beside each
+peak. The estimate is the sum (``ModelSize.worker_bytes``).
 
 What a worker can have: spark/worker_memory.py. ``spark.tfbarrier.memoryCheck=false`` turns both checks off.
 """
