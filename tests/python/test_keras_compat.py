@@ -82,6 +82,45 @@ def test_weights_written_and_read_in_slices_of_a_few_rows_come_back_equal(flavor
         np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
 
 
+
+@pytest.mark.parametrize("flavor", ["keras", "tf_keras"])
+def test_weights_read_leave_every_variable_read_in_place_not_copied(flavor, tmp_path, monkeypatch):
+    """A weight read from a weights file larger than WEIGHTS_CHUNK was assigned in slices of rows
+    (ResourceStridedSliceAssign), which left TensorFlow's variable copying all of itself at every read and update
+    (copy-on-read mode): each step of a fit held a copy of every such weight (bench/README.md). Two reads of a
+    variable now share its memory, as a fresh variable's do."""
+    import importlib
+
+    from tfbarrier.models import weights_file
+
+    keras = importlib.import_module(flavor)
+    monkeypatch.setattr(weights_file, "WEIGHTS_CHUNK", 3 * 7 * 4)  # a kernel of 10 x 7: more than a slice
+
+    def make():
+        return keras.Sequential([keras.Input((10,)), keras.layers.Dense(7, kernel_initializer="glorot_uniform")])
+
+    def shared(variable):
+        """Whether two reads of ``variable`` in a traced function are its own memory (eager reads are copied)."""
+        import tensorflow as tf
+
+        @tf.function
+        def reads():
+            first, second = (tf.raw_ops.ReadVariableOp(resource=variable.handle, dtype=variable.dtype) for _ in "12")
+            return tf.numpy_function(lambda a, b: np.array(a.ctypes.data == b.ctypes.data), [first, second], tf.bool)
+
+        return bool(reads())
+
+    written, read = make(), make()
+    path = str(tmp_path / "w.safetensors")
+    weights_file.write_weights(written.weights, path)
+    variables = [weights_file.tf_variable(variable) for variable in read.weights]
+    assert all(shared(v) for v in variables)  # a fresh variable's reads share its memory
+    weights_file.read_weights(path, read.weights, lambda variable: [weights_file.tf_variable(variable)])
+    copied = [v.name for v in variables if not shared(v)]
+    assert not copied, f"reading {copied} copies them: left in copy-on-read mode"
+    for mine, theirs in zip(read.weights, written.weights, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+
 def test_bfloat16_weights_are_written_and_read_back_equal(tmp_path, monkeypatch):
     """KerasHub's presets load in bfloat16, which NumPy knows only through ml_dtypes (no buffer format)."""
     import keras

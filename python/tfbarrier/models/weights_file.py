@@ -1,8 +1,9 @@
 """A model's weights as one file, in the safetensors layout (an 8-byte header length, a JSON header naming each
 array's dtype, shape and byte range, then the raw values), one array per variable in the order of
 ``model.weights``: what the driver sends a fit's workers and the chief sends back (model_spec.py), and predict's
-executors load. Written and read a variable at a time, and read in slices of at most WEIGHTS_CHUNK bytes, so
-that no side holds a second copy of the model. Nothing here imports TensorFlow at module import time.
+executors load. Written and read a variable at a time (a variable is read from TensorFlow in slices of at most
+WEIGHTS_CHUNK bytes), so that no side holds a second copy of the model. Nothing here imports TensorFlow at module
+import time.
 """
 
 import json
@@ -17,7 +18,7 @@ FUNCTION_HINT = (
     "pass a function that builds and compiles the model instead, e.g. "
     "fit(df, lambda: build_model(), ...)"
 )  # where a model cannot travel as a config and weights
-WEIGHTS_CHUNK = 16 * 2**20  # bytes of a variable read and assigned at a time
+WEIGHTS_CHUNK = 16 * 2**20  # bytes of a variable read from TensorFlow at a time, to write it
 _SAFETENSORS_DTYPES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
                        "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64", "float16": "F16",
                        "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
@@ -94,9 +95,8 @@ def _read_header(f):
 
 
 def read_weights(path, variables, writable=lambda variable: [variable]):
-    """Assign the weights file at ``path`` to ``variables`` in order, in slices of at most
-    WEIGHTS_CHUNK bytes (a variable's first dimension is sliced); ``writable(variable)`` gives the
-    tf.Variables to assign to (a distributed variable's local components)."""
+    """Assign the weights file at ``path`` to ``variables`` in order, a variable at a time (``_assign``);
+    ``writable(variable)`` gives the tf.Variables to assign to (a distributed variable's local components)."""
     variables = list(variables)
     with open(path, "rb") as f:
         entries, start = _read_header(f)
@@ -110,38 +110,27 @@ def read_weights(path, variables, writable=lambda variable: [variable]):
                                  f"{shape} in the model passed in; " + FUNCTION_HINT)
             f.seek(start + entry["data_offsets"][0])
             for target in writable(variable):
-                _assign_in_slices(target, f, shape, dtype)
+                _assign(target, f, shape, dtype)
                 f.seek(start + entry["data_offsets"][0])
 
 
-def _assign_in_slices(variable, f, shape, dtype):
-    """Read ``variable``'s values from ``f`` and assign them, at most WEIGHTS_CHUNK bytes at a time."""
-    rows = _rows_per_slice(shape, dtype)
-    if rows is None:
-        values = np.empty(shape, dtype)
-        f.readinto(_bytes_of(values))
-        variable.assign(values)
-        return
-    for first in range(0, shape[0], rows):
-        values = np.empty((min(rows, shape[0] - first), *shape[1:]), dtype)
-        f.readinto(_bytes_of(values))
-        _assign_rows(variable, first, values)
-
-
-def _assign_rows(variable, first, values):
-    """``variable[first:first + len(values)] = values`` in place. ``variable[...].assign`` reads the
-    variable's value first, and writing while that read is alive copies the whole variable."""
+def _assign(variable, f, shape, dtype):
+    """Read ``variable``'s values from ``f`` and assign them whole: one variable's values are held once more
+    meanwhile. Not in slices of rows: a slice assign (ResourceStridedSliceAssign) leaves TensorFlow's variable in
+    copy-on-read mode for good, in which every read of it (each step's forward pass) and every update copies all of
+    it (a 122 M model of 64 MB layers held 464 MB more in each step, bench/README.md)."""
+    values = np.empty(shape, dtype)
+    f.readinto(_bytes_of(values))
     handle = getattr(variable, "handle", None)
     if handle is None:  # not a tf.Variable (Keras 3 on another backend)
-        variable[first:first + len(values)].assign(values)
+        variable.assign(values)
         return
     import tensorflow as tf
 
-    tf.raw_ops.ResourceStridedSliceAssign(ref=handle, begin=[first], end=[first + len(values)], strides=[1],
-                                          value=values)
+    tf.raw_ops.AssignVariableOp(resource=handle, value=values)  # ``assign`` held a third copy while it ran
 
 
 def tf_variable(variable):
-    """The tf.Variable holding a Keras variable's value (Keras 3 wraps one), to assign slices to."""
+    """The tf.Variable holding a Keras variable's value (Keras 3 wraps one), to assign to."""
     inner = getattr(variable, "value", None)
     return inner if hasattr(inner, "assign") and hasattr(inner, "__getitem__") and not callable(inner) else variable
