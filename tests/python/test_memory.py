@@ -184,6 +184,7 @@ def test_a_step_counts_the_weights_their_gradients_and_copies_of_the_largest_var
     16 layers of 16 MB (65 M parameters, Adam) peaked at 1,653 MB where the check counted 2,147 (1.30x:
     bench/README.md). The step holds the weights and their gradients, and copies of the
     largest variable's gradient as the exchange sums it and the optimizer updates with it."""
+    from tfbarrier.exchange.base import PACKS_AHEAD
     from tfbarrier.models import memory
 
     def step(size):
@@ -196,17 +197,23 @@ def test_a_step_counts_the_weights_their_gradients_and_copies_of_the_largest_var
     assert 2 * 2**30 < step(many) < 2.5 * 2**30
     # shapes unknown: counted as one matrix (the larger count)
     assert step(memory.ModelSize(weights=2**30, trainable=2**30, slots=0, optimizer="SGD")) == step(one)
-    # sharded, every gradient is still counted (a 340 M model of 20 layers held them all, back-holding or not)
-    assert step(many.sharded(4)) == step(many)
+    # sharded over 4 workers, the gradients held back: a quarter of them summed here, and the packs in flight (of
+    # one 64 MiB matrix each); one matrix is cut into blocks, and its gradient is one pack of all of it
+    assert step(many) - step(many.sharded(4)) == 0.75 * 2**30 - PACKS_AHEAD * 64 * 2**20
+    assert step(one.sharded(4)) == step(one)
 
 
 def test_workers_that_share_the_optimizers_slots_each_count_their_share_and_their_blocks_copies():
+    from tfbarrier.exchange.base import PACKS_AHEAD
     from tfbarrier.models import memory
 
     layers = tuple(((4096, 4096), 4) for _ in range(16))  # 16 equal matrices of 64 MiB: none cut, 1/N each
     adam = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", shapes=layers)
-    for workers in (2, 4):  # each worker holds its 1/N of Adam's two copies of the weights
-        assert adam.worker_bytes(32) - adam.sharded(workers).worker_bytes(32) == 2 * 2**30 * (1 - 1 / workers)
+    for workers in (2, 4):  # each worker holds its 1/N of Adam's two copies of the weights, and of the gradients
+        # its summed shares and the packs the backward pass makes ahead of the ring (the rest are held back)
+        held = 2**30 / workers + PACKS_AHEAD * 64 * 2**20
+        assert adam.worker_bytes(32) - adam.sharded(workers).worker_bytes(32) == 2 * 2**30 * (1 - 1 / workers) + (
+            2**30 - held)
     assert "25% of them on this worker" in adam.sharded(4).describe(32)
     # one matrix of half the weights: cut into 4 blocks of rows, one a worker, each updated in a copy of its own
     one_table = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam",

@@ -10,8 +10,9 @@ TensorFlow's allocator keeps: ``small_model_copies``); the optimizer's slots (no
 trainable weights with momentum, two for Adam...; their updates' temporaries fit in what the step holds, but for
 plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN: POOLED_SGD_COPIES); and each
 layer's output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). With the optimizer's
-state sharded over N workers, a worker holds about 1/N of the slots and copies of the blocks of a cut variable it
-updates (and every gradient: see ``parts``). A model whose layers' outputs do not tell their sizes (a transformer's
+state sharded over N workers, a worker holds about 1/N of the slots, copies of the blocks of a cut variable it
+updates, and of the gradients its own summed shares and PACKS_AHEAD packs (the backward pass is held back:
+sharded_update.held_back). A model whose layers' outputs do not tell their sizes (a transformer's
 sequence length, unknown until the data's widths are) is traced instead, once the widths are known: what a step's
 backward pass keeps of its forward pass, tensor by tensor (``kept_for_backward``), and its graph, by the operations
 of the traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's allocator). A model
@@ -30,7 +31,7 @@ import sys
 
 from tfbarrier import exchange as exchanges
 from tfbarrier.exchange import placement
-from tfbarrier.exchange.base import PACK_BYTES
+from tfbarrier.exchange.base import PACK_BYTES, PACKS_AHEAD
 from tfbarrier.errors import ModelError
 from tfbarrier.keras_helpers import inner_optimizer
 from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
@@ -159,8 +160,11 @@ class ModelSize:
         exchange = self.exchange or exchanges.named("tfbarrier")
         small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
         step = exchange.step_copies * (self.trainable + small) + exchange.largest_copies * self._largest()
-        # Sharded, the backward pass is held back (sharded_update.held_back), yet every gradient is counted: a 323 M
-        # model of 20 layers of 64 MB held them all (peak 0.85x an estimate that counted its share of them: issue 74)
+        if self.slot_share < 1.0:  # sharded, the backward pass is held back (sharded_update.held_back): of the
+            # gradients, a worker holds its own summed shares and the packs made ahead of the ring (a pack: at least
+            # the largest variable)
+            step -= self.trainable - min(self.trainable,
+                                         self.slot_share * self.trainable + PACKS_AHEAD * self._largest())
         if self.pooled and not self.slots:
             step += POOLED_SGD_COPIES * self.trainable
         kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
