@@ -10,11 +10,11 @@ class AuthenticatedRing(Exchange):
     name = "tfbarrier"
     # the weights and their gradients (each pack is summed where it lies: no copy of it), and copies of the largest
     # variable's gradient as the exchange and the optimizer's update compute with it, from the peaks of 2-worker
-    # fits over the ring (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters, mostly one matrix, at 4.0
-    # copies of the weights; 65 M parameters in 16 layers of 16 MB, at 2.0); 4.9 copies before packs were summed in
-    # place
+    # fits over the ring (bench/memory_estimate_bench.py: MLPs of 12 to 300 M parameters, mostly one matrix; 65 M
+    # parameters in 16 layers of 16 MB, at 2.0 copies of the weights); 2.4 copies of the largest while a weight over
+    # 16 MB was copied at every read (weights_file._assign), 4.9 copies of the weights before packs were summed in place
     step_copies = 2.0
-    largest_copies = 2.4
+    largest_copies = 1.4
     # the order its gradient packs leave in (ring_hooks.exchange_gradients): the last layers' first, which the backward
     # pass makes first, so a pack travels while it goes on; bench/pack_order.py's exchange sends the first layers' first
     last_layers_first = True
