@@ -118,7 +118,7 @@ def _assign(variable, f, shape, dtype):
     """Read ``variable``'s values from ``f`` and assign them whole: one variable's values are held once more
     meanwhile. Not in slices of rows: a slice assign (ResourceStridedSliceAssign) leaves TensorFlow's variable in
     copy-on-read mode for good, in which every read of it (each step's forward pass) and every update copies all of
-    it (a 122 M model of 64 MB layers held 464 MB more in each step, bench/README.md)."""
+    it (a 323 M model of 64 MB layers peaked 735 MB higher a training process: bench/README.md)."""
     values = np.empty(shape, dtype)
     f.readinto(_bytes_of(values))
     handle = getattr(variable, "handle", None)
