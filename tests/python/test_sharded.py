@@ -149,3 +149,49 @@ def test_the_backward_pass_waits_for_the_exchange_packs_before_and_makes_the_sam
     assert len(held) == len(model.trainable_variables) - PACKS_AHEAD
     if last_layers_first:
         assert all(count > 0 for count in held), held
+
+
+def test_a_weight_tensorflow_copies_at_every_read_fails_in_words_instead_of_not_training(spark):
+    """An embedding whose table is also the output layer (tied weights) gets a dense gradient, so it is sharded,
+    and cut into a block of rows per worker; but its lookup leaves TensorFlow's variable copying itself at every
+    read, so the step's write of the updated rows into it (``_gathered_into``) lands in a copy. Before, the fit
+    ended without an error and the table never trained (every worker's copy equally stale)."""
+    import pandas as pd
+
+    from tfbarrier.errors import ModelError
+
+    def tied():
+        import tf_keras
+
+        tf_keras.utils.set_random_seed(3)
+        ids = tf_keras.Input((4,), dtype="int32")
+        model = tf_keras.Model(ids, tied_language_model()()(ids))
+        model.compile(optimizer=tf_keras.optimizers.Adam(0.01),
+                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"x": list(rng.integers(0, 64, (64, 4)).astype("int32")), "y": rng.integers(0, 64, 64)})
+    df = spark.createDataFrame(frame).repartition(2)
+    tied_language_model()  # its class registered here too, where the trained model's archive is loaded
+    with pytest.raises(ModelError, match="table.*did not take its updated rows"):
+        tfbarrier.fit(df, tied, features="x", label="y", epochs=1, batch_size=16, num_workers=2, verbose=0,
+                      communication={"shard": "optimizer", "bytes_per_pack": 4})  # the table in a pack of its own
+
+
+def tied_language_model():
+    """The class of a layer whose output layer is its table of embeddings, transposed, registered with tf_keras."""
+    import tensorflow as tf
+    import tf_keras
+
+    @tf_keras.saving.register_keras_serializable(package="test_sharded")
+    class TiedLanguageModel(tf_keras.layers.Layer):
+        def build(self, input_shape):
+            self.table = self.add_weight(name="table", shape=(64, 16))  # most of the weights: cut in blocks
+            self.hidden = tf_keras.layers.Dense(16)
+
+        def call(self, ids):
+            hidden = self.hidden(tf.reduce_mean(tf.gather(self.table, ids), axis=1))
+            return tf.matmul(hidden, self.table, transpose_b=True)
+
+    return TiedLanguageModel

@@ -54,6 +54,13 @@ class Shards:
         for (key, start), block in self.blocks.items():
             block.assign(_rows(self._variables[key], start, start + int(block.shape[0])))
 
+    def unwritten(self):
+        """The cut variables whose rows this worker updated are not its blocks' values: the step's write into the
+        variable (``_gathered_into``) did not reach it."""
+        return [self._variables[key] for (key, start), block in self.blocks.items()
+                if not np.array_equal(np.asarray(_rows(self._variables[key], start, start + int(block.shape[0]))),
+                                      np.asarray(block))]
+
     def cut_variables(self):
         """The variables cut into blocks of rows, in the order given."""
         return [v for v in self._variables.values() if self.is_cut(v)]
@@ -89,9 +96,10 @@ class Shards:
 
 class SyncBlocks(tf_keras.callbacks.Callback):
     """After every other callback's start of a fit (a checkpoint's restore among them): the blocks as the model's
-    weights now are (``Shards.sync``). After the first call: the cut variables found equal on every worker across
-    ``ring`` (their checksums), or the fit fails in words: the others' blocks are written where TensorFlow keeps
-    the variable (``_gathered_into``), which a TensorFlow that handed the exchange a copy would lose."""
+    weights now are (``Shards.sync``). After the first call: the cut variables equal on every worker across ``ring``
+    (their checksums) and each block's rows found written into its variable, or the fit fails in words: the blocks
+    are written where TensorFlow keeps the variable (``_gathered_into``), which a variable TensorFlow copies at every
+    read (copy-on-read mode: after a lookup of it) or a TensorFlow that handed the exchange a copy would lose."""
 
     def __init__(self, shards, ring):
         super().__init__()
@@ -111,6 +119,13 @@ class SyncBlocks(tf_keras.callbacks.Callback):
                 "after the first step: the other workers' rows did not reach them (the exchange writes them where "
                 f"this TensorFlow, {tf.__version__}, keeps the variable; a callback that changes a weight on one "
                 "worker alone does the same). Drop the shard (communication={'shard': 'none'})")
+        unwritten = [getattr(v, "path", v.name) for v in self.shards.unwritten()]
+        if self.ring.all_reduce_sum(np.array([float(len(unwritten))]))[0]:  # on every worker, or on none
+            raise ModelError(
+                f"with communication={{'shard': 'optimizer'}}, {', '.join(unwritten) or 'a weight'} did not take "
+                "its updated rows: TensorFlow copies it at every read (a lookup of it, as an embedding's, puts a "
+                "variable in that mode for good), so the exchange wrote them into a copy and it would not train. "
+                "Drop the shard (communication={'shard': 'none'}), or freeze it")
 
 
 def _block_variable(variable, start, stop):
