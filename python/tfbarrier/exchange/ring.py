@@ -47,11 +47,17 @@ def _checksum(variable):
     shape = [int(d) for d in variable.shape]
     if not shape:
         return zlib.crc32(np.ascontiguousarray(variable.numpy()).view(np.uint8))
-    rows = max(1, SEGMENT_BYTES // (8 * max(1, math.prod(shape[1:]))))
+    rows = rows_per_segment(shape)
     crc = 0
     for start in range(0, shape[0], rows):
         crc = zlib.crc32(np.ascontiguousarray(variable[start:start + rows].numpy()).view(np.uint8), crc)
     return crc
+
+
+def rows_per_segment(shape):
+    """Rows of the first dimension of a weight of ``shape`` in a segment of at most SEGMENT_BYTES (rows of its
+    widest float's values: told by the shape alone)."""
+    return max(1, SEGMENT_BYTES // (8 * max(1, math.prod(shape[1:]))))
 
 
 def _fail_on_dead_links(sock):

@@ -23,6 +23,7 @@ import tf_keras
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange.base import PACKS_AHEAD
 from tfbarrier.exchange.placement import pieces
+from tfbarrier.exchange.ring import rows_per_segment
 from tfbarrier.exchange.ring_hooks import packing, packs, shaped
 from tfbarrier.keras_helpers import inner_optimizer
 
@@ -58,8 +59,7 @@ class Shards:
         """The cut variables whose rows this worker updated are not its blocks' values: the step's write into the
         variable (``_gathered_into``) did not reach it."""
         return [self._variables[key] for (key, start), block in self.blocks.items()
-                if not np.array_equal(np.asarray(_rows(self._variables[key], start, start + int(block.shape[0]))),
-                                      np.asarray(block))]
+                if not _holds_rows(self._variables[key], start, block)]
 
     def cut_variables(self):
         """The variables cut into blocks of rows, in the order given."""
@@ -135,6 +135,20 @@ def _block_variable(variable, start, stop):
     if hasattr(variable, "path"):  # Keras 3's
         return type(variable)(initializer=rows, dtype=variable.dtype, trainable=False, name=variable.name)
     return tf.Variable(rows, trainable=False, name=variable.name.split(":")[0])
+
+
+def _holds_rows(variable, start, block):
+    """Whether ``variable``'s rows from ``start`` are ``block``'s values (NaN where NaN), compared a segment of rows
+    at a time: neither is copied whole above the step's peak."""
+    values, rows = tf.convert_to_tensor(variable), tf.convert_to_tensor(block)
+    count = int(block.shape[0])
+    segment = rows_per_segment(tuple(block.shape))
+    for first in range(0, count, segment):
+        last = min(first + segment, count)  # the variable's rows past the block are another worker's
+        mine, theirs = values[start + first:start + last], rows[first:last]
+        if not bool(tf.reduce_all((mine == theirs) | (tf.math.is_nan(mine) & tf.math.is_nan(theirs)))):
+            return False
+    return True
 
 
 def _rows(variable, start, stop):

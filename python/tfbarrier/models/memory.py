@@ -159,12 +159,13 @@ class ModelSize:
         """What a training process holds at its peak, by part, in bytes, with batches of ``rows`` rows."""
         exchange = self.exchange or exchanges.named("tfbarrier")
         small = min(self.trainable, SMALL_MODEL_BYTES) if exchange.small_model_copies else 0
-        step = exchange.step_copies * (self.trainable + small) + exchange.largest_copies * self._largest()
+        largest = self._largest()
+        step = exchange.step_copies * (self.trainable + small) + exchange.largest_copies * largest
         if self.slot_share < 1.0:  # sharded, the backward pass is held back (sharded_update.held_back): of the
             # gradients, a worker holds its own summed shares and the packs made ahead of the ring (a pack: at least
             # the largest variable)
             step -= self.trainable - min(self.trainable,
-                                         self.slot_share * self.trainable + PACKS_AHEAD * self._largest())
+                                         self.slot_share * self.trainable + PACKS_AHEAD * largest)
         if self.pooled and not self.slots:
             step += POOLED_SGD_COPIES * self.trainable
         kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
