@@ -12,7 +12,7 @@ item 3), and the steps per second of the fit's training (its
 steps over ``timings["training"]``, which leaves out the first call's trace). The table gives the medians over
 rounds of the workers' largest peak, and each ratio to the replicated fit of the same model and workers.
 
-    .venv/bin/python bench/sharded_bench.py [--rounds 2] [--models mlp61:2 deep65:2 deep65:4]
+    .venv/bin/python bench/sharded_bench.py [--rounds 2] [--models mlp61:2 deep65:2 deep65:4] [--steps 8]
 """
 
 import argparse
@@ -47,7 +47,7 @@ def build(name, optimizer="adam"):
     return model
 
 
-def driver(model_name, workers, rounds):
+def driver(model_name, workers, rounds, steps):
     """In a process of its own (one Spark of ``workers`` slots): the rounds of both contenders, as JSON lines."""
     import numpy as np
     import pandas as pd
@@ -56,7 +56,7 @@ def driver(model_name, workers, rounds):
 
     spark = harness.local_spark(**{"spark.master": f"local[{workers}]"})
     rng = np.random.default_rng(0)
-    rows = BATCH * STEPS
+    rows = BATCH * steps
     frame = pd.DataFrame({"x": list(rng.random((rows, INPUT), dtype=np.float32)), "y": rng.integers(0, OUTPUTS, rows)})
     df = spark.createDataFrame(frame).repartition(workers).cache()
     df.count()
@@ -99,21 +99,23 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=["mlp61:2", "deep65:2", "deep65:4"])
+    parser.add_argument("--steps", type=int, default=STEPS, help="steps a fit (the first call's trace not timed)")
     parser.add_argument("--driver", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.driver:
         model_name, workers = args.driver.split(":")
-        return driver(model_name, int(workers), args.rounds)
+        return driver(model_name, int(workers), args.rounds, args.steps)
     runs = {}
     for spec in args.models:
         model_name, workers = spec.split(":")
-        out = subprocess.run([sys.executable, __file__, "--driver", spec, "--rounds", str(args.rounds)],
+        out = subprocess.run([sys.executable, __file__, "--driver", spec, "--rounds", str(args.rounds),
+                              "--steps", str(args.steps)],
                              capture_output=True, text=True, check=True).stdout
         runs[(model_name, int(workers))] = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("ROUND ")]
         print(spec, runs[(model_name, int(workers))], flush=True)
     harness.write_section("sharded-optimizer", "### The optimizer's state sharded over the ring\n\n"
-                          "Adam, global batch 64, 8 steps a fit; medians over rounds, the contenders in turn "
-                          "(`bench/sharded_bench.py`); the floor, plain SGD replicated, keeps no optimizer state "
+                          f"Adam, global batch 64, {args.steps} steps a fit; medians over rounds, the contenders in "
+                          "turn (`bench/sharded_bench.py`); the floor, plain SGD replicated, keeps no optimizer state "
                           "at all.\n\n" + table(runs))
 
 

@@ -12,9 +12,11 @@ from test_native import (GLOBAL_BATCH, Gate, huberish, line_df, one_process,  # 
 import tfbarrier
 
 OPTIMIZERS = {
-    "sgd_momentum": lambda k: k.optimizers.SGD(0.05, momentum=0.9),
+    # a schedule that halves the rate every 3 steps (read from the step count, which a pack-by-pack update must
+    # count once a step)
+    "sgd_momentum": lambda k: k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.05, 3, 0.5), momentum=0.9),
     "adam": lambda k: k.optimizers.Adam(0.01),
-    # the schedule halves the rate every 3 steps; a norm of 0.05 clips every step's gradients
+    # a norm of 0.05 clips every step's gradients
     "adamw_schedule_global_clipnorm": lambda k: k.optimizers.AdamW(
         k.optimizers.schedules.ExponentialDecay(0.02, 3, 0.5), weight_decay=0.1, global_clipnorm=0.05),
 }
@@ -79,7 +81,7 @@ class NudgesWorkerOnesKernel(keras.callbacks.Callback):
 
 
 def test_a_cut_kernel_that_differs_across_the_workers_after_the_first_step_fails_the_fit_naming_it(spark, line_df):  # noqa: F811
-    # the check that the other workers' rows reached each worker's copy (sharded_update.SyncBlocks)
+    # the check that the other workers' rows reached each worker's copy (shards.SyncBlocks)
     with pytest.raises(tfbarrier.errors.ModelError, match=r"copies of \S*kernel differ after the first step"):
         tfbarrier.fit(line_df, keras3_model("adam"), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH,
                       num_workers=2, steps_per_epoch=2, verbose=0, communication={"shard": "optimizer"},
@@ -187,7 +189,7 @@ def test_a_block_is_compared_with_its_rows_a_segment_at_a_time_to_its_last_row_n
     import tensorflow as tf
 
     from tfbarrier.exchange.ring import rows_per_segment
-    from tfbarrier.exchange.sharded_update import Shards
+    from tfbarrier.exchange.shards import Shards
 
     rows = 5 * rows_per_segment((1, 1))  # rank 0's block: the first 2.5 segments' rows
     table = tf.Variable(tf.zeros((rows, 1)))

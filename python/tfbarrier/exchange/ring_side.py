@@ -26,7 +26,8 @@ from tfbarrier.exchange.base import WorkerSide
 from tfbarrier.exchange.ring import Ring
 from tfbarrier.exchange.ring_hooks import (AverageState, ExchangedOnly, GlobalBatchLogs, StopTogether,
                                            exchange_gradients, sum_metrics)
-from tfbarrier.exchange.sharded_update import Shards, SyncBlocks, shard_updates
+from tfbarrier.exchange.sharded_update import shard_updates
+from tfbarrier.exchange.shards import Shards, SyncBlocks
 
 
 class RingSide(WorkerSide):

@@ -3,156 +3,27 @@ stage 1, and its stage 2 for the gradients' memory (the backward pass held a few
 
 Each trainable variable's optimizer state is held by one worker, or, for a large variable cut into blocks of rows,
 each block's by one worker (placement.py: every worker's pieces weigh about the same). A worker's optimizer (the
-model's own) is built over what it holds alone: the variables it holds whole, and for each block a variable of
-its own holding that block's rows (``Shards``), so it keeps the slots of about 1/N of the weights. A step's
-gradients cross the ring in packs, last layers first, as ring_hooks.exchange_gradients sends them, but each pack
-is reduce-scattered instead of all-reduced: a worker receives the summed gradients of its own pieces in the pack,
-and nothing else. It applies its optimizer to them (gradient clipping by global norm takes the norm over every
-worker's pieces: one scalar crosses), then each pack's updated values are all-gathered from their holders, so
-every replica is whole and equal again before the next step. The bytes that cross are an all-reduce's. A pack's
-full gradients are freed once it is reduce-scattered, and the backward pass makes a pack's gradients only once the
-exchange of the pack PACKS_AHEAD before it is done (``held_back``), so a worker holds its own summed shares and a
-few packs, not every gradient of the step.
+model's own) is built over what it holds alone: the variables it holds whole, and for each block a variable of its
+own holding that block's rows (shards.py's ``Shards``), so it keeps the slots of about 1/N of the weights. A step's
+gradients cross the ring in packs, last layers first, as ring_hooks.exchange_gradients sends them, but each pack is
+reduce-scattered instead of all-reduced: a worker receives the summed gradients of its own pieces in the pack, and
+nothing else. It applies its optimizer to them pack by pack, and each pack's updated values are all-gathered from
+their holders while the backward pass still makes the next packs, as an all-reduce's second half would be
+(``_updated_pack_by_pack``; clipping by global norm takes the norm over every worker's pieces, one scalar across, so
+it applies once, after every pack: ``_updated_at_once``), so every replica is whole and equal again before the next
+step. The bytes that cross are an all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and
+the backward pass makes a pack's gradients only once the exchange of the pack PACKS_AHEAD before it is done
+(``held_back``), so a worker holds its own summed shares and a few packs, not every gradient of the step.
 Imported only in training processes.
 """
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
 
 from tfbarrier.errors import ModelError
 from tfbarrier.exchange.base import PACKS_AHEAD
-from tfbarrier.exchange.placement import pieces
-from tfbarrier.exchange.ring import rows_per_segment
 from tfbarrier.exchange.ring_hooks import packing, packs, shaped
 from tfbarrier.keras_helpers import inner_optimizer
-
-
-class Shards:
-    """This worker's share of ``variables`` (the trainable ones, in the same order on every worker): each
-    variable's pieces (``placed``: placement.pieces'), and ``updated``, what this worker's optimizer updates (a
-    variable it holds whole, or the block variable of a block it holds)."""
-
-    def __init__(self, variables, rank, size):
-        shapes = [tuple(int(d) for d in v.shape) for v in variables]
-        placed = pieces(shapes, [tf.as_dtype(v.dtype).size for v in variables], size)
-        self.rank, self.placed = rank, {id(v): p for v, p in zip(variables, placed)}
-        self._variables = {id(v): v for v in variables}
-        self.blocks, self.updated = {}, []  # {(id(variable), start): its block variable}
-        for variable in variables:
-            for holder, start, stop in self.placed[id(variable)]:
-                if holder != rank:
-                    continue
-                if not self.is_cut(variable):
-                    self.updated.append(variable)
-                else:
-                    self.blocks[id(variable), start] = _block_variable(variable, start, stop)
-                    self.updated.append(self.blocks[id(variable), start])
-
-    def sync(self):
-        """Each block variable given its rows as the model has them now (a checkpoint's restore, the chief's drawn
-        values): the blocks are the truth between steps, written into the model after each update."""
-        for (key, start), block in self.blocks.items():
-            block.assign(_rows(self._variables[key], start, start + int(block.shape[0])))
-
-    def unwritten(self):
-        """The cut variables whose rows this worker updated are not its blocks' values: the step's write into the
-        variable (``_gathered_into``) did not reach it."""
-        return [self._variables[key] for (key, start), block in self.blocks.items()
-                if not _holds_rows(self._variables[key], start, block)]
-
-    def cut_variables(self):
-        """The variables cut into blocks of rows, in the order given."""
-        return [v for v in self._variables.values() if self.is_cut(v)]
-
-    def is_cut(self, variable):
-        """Whether ``variable`` is cut into blocks of rows, one a worker."""
-        return len(self.placed[id(variable)]) > 1
-
-    def weights_held(self):
-        """The weights whose optimizer state this worker holds."""
-        return sum(int(np.prod(tuple(v.shape))) for v in self.updated)
-
-    def cut(self, pack, variables):
-        """``pack``'s gradients as pieces (holder, index, start, stop, shape), ranked by their holder, and the pack
-        as it travels: one flat tensor of the pieces in that order (the gradient as it lies, for a pack of one cut
-        variable, whose blocks are in the ranks' order: no copy of its rows)."""
-        cut = []
-        for index, grad in pack:
-            whole = not self.is_cut(variables[index])
-            cut += [(holder, index, start, stop, tuple(grad.shape if whole else [stop - start, *grad.shape[1:]]))
-                    for holder, start, stop in self.placed[id(variables[index])]]
-        if len(pack) == 1:
-            return cut, [pack[0][1]]
-        grads = dict(pack)
-        cut.sort(key=lambda piece: piece[0])
-        return cut, [grads[index] if not self.is_cut(variables[index]) else grads[index][start:stop]
-                     for _, index, start, stop, _ in cut]
-
-    def target(self, variables, index, start):
-        """What this worker's optimizer updates for the piece of ``variables[index]`` starting at row ``start``."""
-        return self.blocks.get((id(variables[index]), start), variables[index])
-
-
-class SyncBlocks(tf_keras.callbacks.Callback):
-    """After every other callback's start of a fit (a checkpoint's restore among them): the blocks as the model's
-    weights now are (``Shards.sync``). After the first call: the cut variables equal on every worker across ``ring``
-    (their checksums) and each block's rows found written into its variable, or the fit fails in words: the blocks
-    are written where TensorFlow keeps the variable (``_gathered_into``), which a variable TensorFlow copies at every
-    read (copy-on-read mode: after a lookup of it) or a TensorFlow that handed the exchange a copy would lose."""
-
-    def __init__(self, shards, ring):
-        super().__init__()
-        self.shards, self.ring, self.checked = shards, ring, False
-
-    def on_train_begin(self, logs=None):
-        self.shards.sync()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.checked:
-            return
-        self.checked = True
-        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(self.shards.cut_variables())]
-        if drifted:
-            raise ModelError(
-                f"with communication={{'shard': 'optimizer'}}, the workers' copies of {', '.join(drifted)} differ "
-                "after the first step: the other workers' rows did not reach them (the exchange writes them where "
-                f"this TensorFlow, {tf.__version__}, keeps the variable; a callback that changes a weight on one "
-                "worker alone does the same). Drop the shard (communication={'shard': 'none'})")
-        unwritten = [getattr(v, "path", v.name) for v in self.shards.unwritten()]
-        if self.ring.all_reduce_sum(np.array([float(len(unwritten))]))[0]:  # on every worker, or on none
-            raise ModelError(
-                f"with communication={{'shard': 'optimizer'}}, {', '.join(unwritten) or 'a weight'} did not take "
-                "its updated rows: TensorFlow copies it at every read (a lookup of it, as an embedding's, puts a "
-                "variable in that mode for good), so the exchange wrote them into a copy and it would not train. "
-                "Drop the shard (communication={'shard': 'none'}), or freeze it")
-
-
-def _block_variable(variable, start, stop):
-    """A variable holding ``variable``'s rows ``start:stop``, of its Keras's kind and name (an optimizer's slots
-    and its weight decay's exclusions go by names)."""
-    rows = _rows(variable, start, stop)
-    if hasattr(variable, "path"):  # Keras 3's
-        return type(variable)(initializer=rows, dtype=variable.dtype, trainable=False, name=variable.name)
-    return tf.Variable(rows, trainable=False, name=variable.name.split(":")[0])
-
-
-def _holds_rows(variable, start, block):
-    """Whether ``variable``'s rows from ``start`` are ``block``'s values (NaN where NaN), compared a segment of rows
-    at a time: neither is copied whole above the step's peak."""
-    values, rows = tf.convert_to_tensor(variable), tf.convert_to_tensor(block)
-    count = int(block.shape[0])
-    segment = rows_per_segment(tuple(block.shape))
-    for first in range(0, count, segment):
-        last = min(first + segment, count)  # the variable's rows past the block are another worker's
-        mine, theirs = values[start + first:start + last], rows[first:last]
-        if not bool(tf.reduce_all((mine == theirs) | (tf.math.is_nan(mine) & tf.math.is_nan(theirs)))):
-            return False
-    return True
-
-
-def _rows(variable, start, stop):
-    return tf.convert_to_tensor(variable)[start:stop]
 
 
 def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None, last_layers_first=True):
@@ -172,22 +43,108 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
         _refuse_sparse(grads, variables)
         dense = [(i, shaped(grad, variables, i)) for i, grad in enumerate(grads)
                  if grad is not None][::-1 if last_layers_first else 1]
-        packed = list(packs(dense, pack_bytes))
-        cut = [shards.cut(pack, variables) for pack in packed]
-        mine, after = _reduce_scattered(cut, ring, dtype, share, packed)
-        owned = [shards.target(variables, index, start) for index, start in mine]
-        owned_grads = [tf.cast(grad, variables[index].dtype) for (index, _), grad in mine.items()]
-        if clipnorm:
-            owned_grads, after = _clipped(owned_grads, clipnorm, ring, after)
-        with tf.control_dependencies(after):
-            if owned:
-                apply(owned_grads, owned)
-            else:  # as the optimizers of the other workers count the step
-                optimizer.iterations.assign_add(1)
-        _all_gathered(cut, variables, shards, ring, after)
+        exchange = _StepExchange(ring, shards, variables, list(packs(dense, pack_bytes)), dtype, share)
+        if clipnorm or getattr(optimizer, "use_ema", False):  # each needs every piece's gradient, or the step's
+            _updated_at_once(exchange, apply, optimizer, clipnorm)
+        else:
+            _updated_pack_by_pack(exchange, apply, optimizer)
 
     flavor.wrap_step(optimizer, step)
     return dict(described, shard="optimizer")
+
+
+class _StepExchange:
+    """A traced step's packs of gradients (``packed``, as ring_hooks.packs made them) as they cross ``ring``: each
+    pack's pieces (Shards.cut) reduce-scattered, and all-gathered once their holders updated them."""
+
+    def __init__(self, ring, shards, variables, packed, dtype, share):
+        self.ring, self.shards, self.variables, self.packed = ring, shards, variables, packed
+        self.dtype, self.share, self.ancestors = dtype, share, set()
+        self.cut = [shards.cut(pack, variables) for pack in packed]
+        self.into = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy
+
+    def reduce_scattered(self, number, after):
+        """{(index, start): this worker's summed share of the gradient} for its pieces in pack ``number``, and
+        the exchange, which follows ``after`` (the exchange before it); the backward pass's making of the pack
+        PACKS_AHEAD after it is held back until it is done (``held_back``)."""
+        pieces_, parts = self.cut[number]
+        sizes = _sizes(pieces_, self.ring.size)
+        with tf.control_dependencies(after):
+            flat = tf.concat([tf.reshape(tf.cast(part, self.dtype) * tf.cast(self.share, self.dtype), [-1])
+                              for part in parts], 0)
+            # a cut variable's chunk kept in its gradient's buffer: a copy would be made while the buffer lives
+            chunk = tf.numpy_function(lambda values, view=_one_cut(pieces_): self.ring.reduce_scatter(
+                values, sizes, view), [flat], self.dtype, stateful=True)
+        if number + PACKS_AHEAD < len(self.packed):
+            held_back(self.packed[number + PACKS_AHEAD], chunk, self.ancestors)
+        owned = [piece for piece in pieces_ if piece[0] == self.ring.rank]
+        split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
+        return {(index, start): tf.reshape(part, shape)
+                for (_, index, start, _, shape), part in zip(owned, split)}, chunk
+
+    def updates(self, shares):
+        """(the gradients, the variables) of this worker's optimizer for ``shares`` (reduce_scattered's)."""
+        return ([tf.cast(grad, self.variables[index].dtype) for (index, _), grad in shares.items()],
+                [self.shards.target(self.variables, index, start) for index, start in shares])
+
+    def gathered_in_place(self, number):
+        """Whether pack ``number`` is one cut variable's blocks, received straight into the variable (on a CPU):
+        only once the backward pass, which reads the variable, is done."""
+        return self.into and _one_cut(self.cut[number][0])
+
+    def all_gathered(self, number, after):
+        """Pack ``number`` all-gathered after ``after`` (a worker's updated pieces are read after its optimizer
+        wrote them: a traced step reads a variable after its writes): in place (``_gathered_into``), or through
+        a buffer of the pieces other workers hold (``_gathered_through``). Returns the exchange."""
+        pieces_ = self.cut[number][0]
+        with tf.control_dependencies(after):
+            if self.gathered_in_place(number):
+                return _gathered_into(self.variables[pieces_[0][1]], pieces_, self.shards, self.ring)
+            return _gathered_through(pieces_, self.variables, self.shards, self.ring)
+
+
+def _updated_at_once(exchange, apply, optimizer, clipnorm):
+    """Every pack reduce-scattered, then the optimizer applied once to this worker's pieces (their gradients
+    clipped by the norm over every worker's, ``clipnorm``), then every pack all-gathered."""
+    shares, after = {}, []
+    for number in range(len(exchange.cut)):
+        pack_shares, chunk = exchange.reduce_scattered(number, after)
+        shares.update(pack_shares)
+        after = [chunk]
+    grads, owned = exchange.updates(shares)
+    if clipnorm:
+        grads, after = _clipped(grads, clipnorm, exchange.ring, after)
+    with tf.control_dependencies(after):
+        if owned:
+            apply(grads, owned)
+        else:  # as the optimizers of the other workers count the step
+            optimizer.iterations.assign_add(1)
+    for number in range(len(exchange.cut)):
+        after = [exchange.all_gathered(number, after)]
+
+
+def _updated_pack_by_pack(exchange, apply, optimizer):
+    """Each pack's pieces updated as soon as it is reduce-scattered, and the pack all-gathered after the next
+    one's reduce-scatter (its update runs meanwhile): the all-gathers cross the ring while the backward pass runs,
+    as an all-reduce's second half does, not after it. The optimizer is applied once a pack and counts the step
+    once (its ``iterations``, which its learning rate and Adam's bias correction read, set back after each apply
+    and counted at the end: the same update as one apply). A pack gathered in place waits for the last."""
+    after, waiting, in_place = [], None, []
+    for number in range(len(exchange.cut)):
+        shares, chunk = exchange.reduce_scattered(number, after)
+        after = [chunk]
+        if shares:
+            with tf.control_dependencies(after):
+                apply(*exchange.updates(shares))
+                optimizer.iterations.assign_sub(1)
+        if waiting is not None:
+            after = [exchange.all_gathered(waiting, after)]
+        waiting = None if exchange.gathered_in_place(number) else number
+        if waiting is None:
+            in_place.append(number)
+    for number in ([] if waiting is None else [waiting]) + in_place:
+        after = [exchange.all_gathered(number, after)]
+    optimizer.iterations.assign_add(1)
 
 
 def _sizes(pieces, size):
@@ -196,28 +153,6 @@ def _sizes(pieces, size):
     for holder, _, _, _, shape in pieces:
         sizes[holder] += int(np.prod(shape))
     return sizes
-
-
-def _reduce_scattered(cut, ring, dtype, share, packed):
-    """{(index, start): this worker's summed share of the gradient} for its pieces, each pack of ``cut``
-    reduce-scattered in turn, the backward pass held PACKS_AHEAD packs ahead of the exchanges (``held_back``:
-    ``packed``, the packs as ring_hooks.packs made them); and the last exchange, which the next must follow."""
-    mine, after, ancestors = {}, [], set()
-    for number, (pieces_, parts) in enumerate(cut):
-        sizes = _sizes(pieces_, ring.size)
-        with tf.control_dependencies(after):
-            flat = tf.concat([tf.reshape(tf.cast(part, dtype) * tf.cast(share, dtype), [-1]) for part in parts], 0)
-            # a cut variable's chunk kept in its gradient's buffer: a copy would be made while the buffer lives
-            chunk = tf.numpy_function(lambda values, sizes=sizes, view=_one_cut(pieces_): ring.reduce_scatter(
-                values, sizes, view), [flat], dtype, stateful=True)
-        after = [chunk]
-        if number + PACKS_AHEAD < len(packed):
-            held_back(packed[number + PACKS_AHEAD], chunk, ancestors)
-        owned = [piece for piece in pieces_ if piece[0] == ring.rank]
-        split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
-        for (_, index, start, _, shape), part in zip(owned, split):
-            mine[index, start] = tf.reshape(part, shape)
-    return mine, after
 
 
 def held_back(pack, exchange, ancestors):
@@ -258,20 +193,6 @@ def _add_ancestors(op, found):
         stack.extend(current.control_inputs)
 
 
-def _all_gathered(cut, variables, shards, ring, after):
-    """Every replica whole again after the update: pack after pack, from the exchange ``after`` on (a worker's
-    updated pieces are read after its optimizer wrote them: a traced step reads a variable after its writes), a
-    pack of one cut variable gathered into that variable where it lies (``_gathered_into``, in host memory), any
-    other through a buffer of the pieces other workers hold (``_gathered_through``)."""
-    into = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy: written through
-    for pieces_, _ in cut:
-        with tf.control_dependencies(after):
-            if into and _one_cut(pieces_):
-                after = [_gathered_into(variables[pieces_[0][1]], pieces_, shards, ring)]
-            else:
-                after = [_gathered_through(pieces_, variables, shards, ring)]
-
-
 def _one_cut(pieces_):
     """Whether a pack's ``pieces_`` are the blocks of one cut variable (in the ranks' order)."""
     return len(pieces_) > 1 and len({index for _, index, _, _, _ in pieces_}) == 1
@@ -282,7 +203,7 @@ def _gathered_into(variable, pieces_, shards, ring):
     variable, the others' received from the ring straight into the variable's buffer, which the step's read of it
     hands the exchange (no copy of the variable, no buffer of the others' rows: the only other way, a sliced
     assign, copies the whole variable while a read of it lives). The backward pass, the last reader of the
-    variable in the step, is done: every pack's reduce-scatter came before. ``SyncBlocks`` checks after the first
+    variable in the step, is done: every pack's reduce-scatter came before. shards.SyncBlocks checks after the first
     step that the workers' copies are equal (the write reached the variable)."""
     sizes = _sizes(pieces_, ring.size)
     start, stop = pieces_[ring.rank][2:4]
