@@ -12,7 +12,8 @@ from test_native import (GLOBAL_BATCH, Gate, huberish, line_df, one_process,  # 
 import tfbarrier
 
 OPTIMIZERS = {
-    # schedules halve the rate every 3 steps (read from the optimizer's count of steps, which every worker keeps)
+    # a schedule that halves the rate every 3 steps (read from the step count, which a pack-by-pack update must
+    # count once a step)
     "sgd_momentum": lambda k: k.optimizers.SGD(k.optimizers.schedules.ExponentialDecay(0.05, 3, 0.5), momentum=0.9),
     "adam": lambda k: k.optimizers.Adam(0.01),
     # a norm of 0.05 clips every step's gradients

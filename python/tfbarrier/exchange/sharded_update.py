@@ -7,12 +7,13 @@ model's own) is built over what it holds alone: the variables it holds whole, an
 own holding that block's rows (shards.py's ``Shards``), so it keeps the slots of about 1/N of the weights. A step's
 gradients cross the ring in packs, last layers first, as ring_hooks.exchange_gradients sends them, but each pack is
 reduce-scattered instead of all-reduced: a worker receives the summed gradients of its own pieces in the pack, and
-nothing else. It applies its optimizer to them (gradient clipping by global norm takes the norm over every worker's
-pieces: one scalar crosses), then each pack's updated values are all-gathered from their holders, so every replica
-is whole and equal again before the next step. The bytes that cross are an all-reduce's. A pack's full gradients are
-freed once it is reduce-scattered, and the backward pass makes a pack's gradients only once the exchange of the pack
-PACKS_AHEAD before it is done (``held_back``), so a worker holds its own summed shares and a few packs, not every
-gradient of the step.
+nothing else. It applies its optimizer to them pack by pack, and each pack's updated values are all-gathered from
+their holders while the backward pass still makes the next packs, as an all-reduce's second half would be
+(``_updated_pack_by_pack``; clipping by global norm takes the norm over every worker's pieces, one scalar across, so
+it applies once, after every pack: ``_updated_at_once``), so every replica is whole and equal again before the next
+step. The bytes that cross are an all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and
+the backward pass makes a pack's gradients only once the exchange of the pack PACKS_AHEAD before it is done
+(``held_back``), so a worker holds its own summed shares and a few packs, not every gradient of the step.
 Imported only in training processes.
 """
 
@@ -42,22 +43,108 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
         _refuse_sparse(grads, variables)
         dense = [(i, shaped(grad, variables, i)) for i, grad in enumerate(grads)
                  if grad is not None][::-1 if last_layers_first else 1]
-        packed = list(packs(dense, pack_bytes))
-        cut = [shards.cut(pack, variables) for pack in packed]
-        mine, after = _reduce_scattered(cut, ring, dtype, share, packed)
-        owned = [shards.target(variables, index, start) for index, start in mine]
-        owned_grads = [tf.cast(grad, variables[index].dtype) for (index, _), grad in mine.items()]
-        if clipnorm:
-            owned_grads, after = _clipped(owned_grads, clipnorm, ring, after)
-        with tf.control_dependencies(after):
-            if owned:
-                apply(owned_grads, owned)
-            else:  # as the optimizers of the other workers count the step
-                optimizer.iterations.assign_add(1)
-        _all_gathered(cut, variables, shards, ring, after)
+        exchange = _StepExchange(ring, shards, variables, list(packs(dense, pack_bytes)), dtype, share)
+        if clipnorm or getattr(optimizer, "use_ema", False):  # each needs every piece's gradient, or the step's
+            _updated_at_once(exchange, apply, optimizer, clipnorm)
+        else:
+            _updated_pack_by_pack(exchange, apply, optimizer)
 
     flavor.wrap_step(optimizer, step)
     return dict(described, shard="optimizer")
+
+
+class _StepExchange:
+    """A traced step's packs of gradients (``packed``, as ring_hooks.packs made them) as they cross ``ring``: each
+    pack's pieces (Shards.cut) reduce-scattered, and all-gathered once their holders updated them."""
+
+    def __init__(self, ring, shards, variables, packed, dtype, share):
+        self.ring, self.shards, self.variables, self.packed = ring, shards, variables, packed
+        self.dtype, self.share, self.ancestors = dtype, share, set()
+        self.cut = [shards.cut(pack, variables) for pack in packed]
+        self.into = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy
+
+    def reduce_scattered(self, number, after):
+        """{(index, start): this worker's summed share of the gradient} for its pieces in pack ``number``, and
+        the exchange, which follows ``after`` (the exchange before it); the backward pass's making of the pack
+        PACKS_AHEAD after it is held back until it is done (``held_back``)."""
+        pieces_, parts = self.cut[number]
+        sizes = _sizes(pieces_, self.ring.size)
+        with tf.control_dependencies(after):
+            flat = tf.concat([tf.reshape(tf.cast(part, self.dtype) * tf.cast(self.share, self.dtype), [-1])
+                              for part in parts], 0)
+            # a cut variable's chunk kept in its gradient's buffer: a copy would be made while the buffer lives
+            chunk = tf.numpy_function(lambda values, view=_one_cut(pieces_): self.ring.reduce_scatter(
+                values, sizes, view), [flat], self.dtype, stateful=True)
+        if number + PACKS_AHEAD < len(self.packed):
+            held_back(self.packed[number + PACKS_AHEAD], chunk, self.ancestors)
+        owned = [piece for piece in pieces_ if piece[0] == self.ring.rank]
+        split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
+        return {(index, start): tf.reshape(part, shape)
+                for (_, index, start, _, shape), part in zip(owned, split)}, chunk
+
+    def updates(self, shares):
+        """(the gradients, the variables) of this worker's optimizer for ``shares`` (reduce_scattered's)."""
+        return ([tf.cast(grad, self.variables[index].dtype) for (index, _), grad in shares.items()],
+                [self.shards.target(self.variables, index, start) for index, start in shares])
+
+    def gathered_in_place(self, number):
+        """Whether pack ``number`` is one cut variable's blocks, received straight into the variable (on a CPU):
+        only once the backward pass, which reads the variable, is done."""
+        return self.into and _one_cut(self.cut[number][0])
+
+    def all_gathered(self, number, after):
+        """Pack ``number`` all-gathered after ``after`` (a worker's updated pieces are read after its optimizer
+        wrote them: a traced step reads a variable after its writes): in place (``_gathered_into``), or through
+        a buffer of the pieces other workers hold (``_gathered_through``). Returns the exchange."""
+        pieces_ = self.cut[number][0]
+        with tf.control_dependencies(after):
+            if self.gathered_in_place(number):
+                return _gathered_into(self.variables[pieces_[0][1]], pieces_, self.shards, self.ring)
+            return _gathered_through(pieces_, self.variables, self.shards, self.ring)
+
+
+def _updated_at_once(exchange, apply, optimizer, clipnorm):
+    """Every pack reduce-scattered, then the optimizer applied once to this worker's pieces (their gradients
+    clipped by the norm over every worker's, ``clipnorm``), then every pack all-gathered."""
+    shares, after = {}, []
+    for number in range(len(exchange.cut)):
+        pack_shares, chunk = exchange.reduce_scattered(number, after)
+        shares.update(pack_shares)
+        after = [chunk]
+    grads, owned = exchange.updates(shares)
+    if clipnorm:
+        grads, after = _clipped(grads, clipnorm, exchange.ring, after)
+    with tf.control_dependencies(after):
+        if owned:
+            apply(grads, owned)
+        else:  # as the optimizers of the other workers count the step
+            optimizer.iterations.assign_add(1)
+    for number in range(len(exchange.cut)):
+        after = [exchange.all_gathered(number, after)]
+
+
+def _updated_pack_by_pack(exchange, apply, optimizer):
+    """Each pack's pieces updated as soon as it is reduce-scattered, and the pack all-gathered after the next
+    one's reduce-scatter (its update runs meanwhile): the all-gathers cross the ring while the backward pass runs,
+    as an all-reduce's second half does, not after it. The optimizer is applied once a pack and counts the step
+    once (its ``iterations``, which its learning rate and Adam's bias correction read, set back after each apply
+    and counted at the end: the same update as one apply). A pack gathered in place waits for the last."""
+    after, waiting, in_place = [], None, []
+    for number in range(len(exchange.cut)):
+        shares, chunk = exchange.reduce_scattered(number, after)
+        after = [chunk]
+        if shares:
+            with tf.control_dependencies(after):
+                apply(*exchange.updates(shares))
+                optimizer.iterations.assign_sub(1)
+        if waiting is not None:
+            after = [exchange.all_gathered(waiting, after)]
+        waiting = None if exchange.gathered_in_place(number) else number
+        if waiting is None:
+            in_place.append(number)
+    for number in ([] if waiting is None else [waiting]) + in_place:
+        after = [exchange.all_gathered(number, after)]
+    optimizer.iterations.assign_add(1)
 
 
 def _sizes(pieces, size):
@@ -66,28 +153,6 @@ def _sizes(pieces, size):
     for holder, _, _, _, shape in pieces:
         sizes[holder] += int(np.prod(shape))
     return sizes
-
-
-def _reduce_scattered(cut, ring, dtype, share, packed):
-    """{(index, start): this worker's summed share of the gradient} for its pieces, each pack of ``cut``
-    reduce-scattered in turn, the backward pass held PACKS_AHEAD packs ahead of the exchanges (``held_back``:
-    ``packed``, the packs as ring_hooks.packs made them); and the last exchange, which the next must follow."""
-    mine, after, ancestors = {}, [], set()
-    for number, (pieces_, parts) in enumerate(cut):
-        sizes = _sizes(pieces_, ring.size)
-        with tf.control_dependencies(after):
-            flat = tf.concat([tf.reshape(tf.cast(part, dtype) * tf.cast(share, dtype), [-1]) for part in parts], 0)
-            # a cut variable's chunk kept in its gradient's buffer: a copy would be made while the buffer lives
-            chunk = tf.numpy_function(lambda values, sizes=sizes, view=_one_cut(pieces_): ring.reduce_scatter(
-                values, sizes, view), [flat], dtype, stateful=True)
-        after = [chunk]
-        if number + PACKS_AHEAD < len(packed):
-            held_back(packed[number + PACKS_AHEAD], chunk, ancestors)
-        owned = [piece for piece in pieces_ if piece[0] == ring.rank]
-        split = tf.split(chunk, [int(np.prod(piece[4])) for piece in owned]) if len(owned) > 1 else [chunk]
-        for (_, index, start, _, shape), part in zip(owned, split):
-            mine[index, start] = tf.reshape(part, shape)
-    return mine, after
 
 
 def held_back(pack, exchange, ancestors):
@@ -126,20 +191,6 @@ def _add_ancestors(op, found):
         found.add(current)
         stack.extend(tensor.op for tensor in current.inputs)
         stack.extend(current.control_inputs)
-
-
-def _all_gathered(cut, variables, shards, ring, after):
-    """Every replica whole again after the update: pack after pack, from the exchange ``after`` on (a worker's
-    updated pieces are read after its optimizer wrote them: a traced step reads a variable after its writes), a
-    pack of one cut variable gathered into that variable where it lies (``_gathered_into``, in host memory), any
-    other through a buffer of the pieces other workers hold (``_gathered_through``)."""
-    into = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy: written through
-    for pieces_, _ in cut:
-        with tf.control_dependencies(after):
-            if into and _one_cut(pieces_):
-                after = [_gathered_into(variables[pieces_[0][1]], pieces_, shards, ring)]
-            else:
-                after = [_gathered_through(pieces_, variables, shards, ring)]
 
 
 def _one_cut(pieces_):
