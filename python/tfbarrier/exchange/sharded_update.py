@@ -9,11 +9,12 @@ gradients cross the ring in packs, last layers first, as ring_hooks.exchange_gra
 reduce-scattered instead of all-reduced: a worker receives the summed gradients of its own pieces in the pack, and
 nothing else. It applies its optimizer to them pack by pack, and each pack's updated values are all-gathered from
 their holders while the backward pass still makes the next packs, as an all-reduce's second half would be
-(``_updated_pack_by_pack``; clipping by global norm takes the norm over every worker's pieces, one scalar across, so
-it applies once, after every pack: ``_updated_at_once``), so every replica is whole and equal again before the next
-step. The bytes that cross are an all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and
-the backward pass makes a pack's gradients only once the exchange of the pack PACKS_AHEAD before it is done
-(``held_back``), so a worker holds its own summed shares and a few packs, not every gradient of the step.
+(``_updated_pack_by_pack``; clipping by global norm takes the norm over every worker's pieces, one scalar across,
+and an optimizer's moving average (EMA) every weight's, so there it applies once, after every pack:
+``_updated_at_once``), so every replica is whole and equal again before the next step. The bytes that cross are an
+all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and the backward pass makes a pack's
+gradients only once the exchange of the pack PACKS_AHEAD before it is done (``held_back``), so a worker holds a few
+packs and the summed shares not yet applied, not every gradient of the step.
 Imported only in training processes.
 """
 
