@@ -2,6 +2,7 @@
 past its memory after setting up TensorFlow and the model plus 512 MB (a reader that held the shard
 once would). bench/memory_bench.py measures 0.3, 1 and 3 GB."""
 
+import dataclasses
 import os
 import re
 import threading
@@ -197,10 +198,36 @@ def test_a_step_counts_the_weights_their_gradients_and_copies_of_the_largest_var
     assert 2 * 2**30 < step(many) < 2.5 * 2**30
     # shapes unknown: counted as one matrix (the larger count)
     assert step(memory.ModelSize(weights=2**30, trainable=2**30, slots=0, optimizer="SGD")) == step(one)
-    # sharded over 4 workers, the gradients held back: a quarter of them summed here, and the packs in flight (of
-    # one 64 MiB matrix each); one matrix is cut into blocks, and its gradient is one pack of all of it
-    assert step(many) - step(many.sharded(4)) == 0.75 * 2**30 - PACKS_AHEAD * 64 * 2**20
+    # sharded over 4 workers, the gradients held back: the packs in flight (of one 64 MiB matrix each) and the summed
+    # shares of the pack being applied; one matrix is cut into blocks, and its gradient is one pack of all of it
+    assert step(many) - step(many.sharded(4)) == 2**30 - (1 + PACKS_AHEAD) * 64 * 2**20
     assert step(one.sharded(4)) == step(one)
+    # applied once after every pack (global norm clipping, EMA): a worker holds its whole share, a quarter
+    once = dataclasses.replace(many, applied_once=True)
+    assert step(once) - step(once.sharded(4)) == 0.75 * 2**30 - PACKS_AHEAD * 64 * 2**20
+
+
+def test_an_optimizer_a_sharded_step_applies_once_is_counted_with_its_whole_share_on_the_driver_and_in_the_worker():
+    """Clipping by the global norm, or an EMA, makes a sharded step apply the optimizer once, after every pack: a
+    worker then holds its whole share of the summed gradients. The training process's check counts it after the
+    step took the clipnorm off the optimizer (sharded_update._take_global_clipnorm), as the driver's did before."""
+    import keras
+
+    from tfbarrier.exchange import sharded_update
+    from tfbarrier.models import memory
+
+    def sized(optimizer):
+        model = keras.Sequential([keras.Input((64,)), *[keras.layers.Dense(64) for _ in range(4)]])
+        model.compile(optimizer=optimizer, loss="mse")
+        return model, memory.ModelSize.of(model).sharded(2)
+
+    for optimizer, once in ((keras.optimizers.Adam(), False), (keras.optimizers.Adam(global_clipnorm=1.0), True),
+                            (keras.optimizers.SGD(use_ema=True), True)):
+        model, on_driver = sized(optimizer)
+        assert on_driver.applied_once is once, optimizer.get_config()
+        sharded_update._take_global_clipnorm(model.optimizer)
+        assert model.optimizer.global_clipnorm is None
+        assert memory.ModelSize.of(model).sharded(2) == on_driver  # what a worker holds: the step-count test's
 
 
 def test_workers_that_share_the_optimizers_slots_each_count_their_share_and_their_blocks_copies():
@@ -210,8 +237,8 @@ def test_workers_that_share_the_optimizers_slots_each_count_their_share_and_thei
     layers = tuple(((4096, 4096), 4) for _ in range(16))  # 16 equal matrices of 64 MiB: none cut, 1/N each
     adam = memory.ModelSize(weights=2**30, trainable=2**30, slots=2, optimizer="Adam", shapes=layers)
     for workers in (2, 4):  # each worker holds its 1/N of Adam's two copies of the weights, and of the gradients
-        # its summed shares and the packs the backward pass makes ahead of the ring (the rest are held back)
-        held = 2**30 / workers + PACKS_AHEAD * 64 * 2**20
+        # the packs the backward pass makes ahead of the ring (the rest are held back) and a pack's summed shares
+        held = (1 + PACKS_AHEAD) * 64 * 2**20
         assert adam.worker_bytes(32) - adam.sharded(workers).worker_bytes(32) == 2 * 2**30 * (1 - 1 / workers) + (
             2**30 - held)
     assert "25% of them on this worker" in adam.sharded(4).describe(32)

@@ -15,6 +15,15 @@ PACK_BYTES = 16 * 2**20  # the gradients travel in packs of about this much each
 # them all at once; held, a worker holds its own summed shares and this many packs: ZeRO's stage 2
 # (sharded_update.held_back; bench/README.md).
 PACKS_AHEAD = 2
+TAKEN_CLIPNORM = "_tfbarrier_global_clipnorm"  # an optimizer's global_clipnorm that a sharded step took over
+
+
+def applies_once(optimizer):
+    """Whether a sharded step applies ``optimizer`` once, after every pack, not pack by pack: clipping by the global
+    norm, or a moving average of the weights (EMA), needs every piece's gradient first (sharded_update.py). A worker
+    then holds its whole share of the step's summed gradients, not one pack's (models/memory.py)."""
+    return bool(getattr(optimizer, "global_clipnorm", None) or getattr(optimizer, TAKEN_CLIPNORM, None)
+                or getattr(optimizer, "use_ema", False))
 
 
 @dataclasses.dataclass(frozen=True)

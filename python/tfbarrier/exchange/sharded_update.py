@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfbarrier.errors import ModelError
-from tfbarrier.exchange.base import PACKS_AHEAD
+from tfbarrier.exchange.base import PACKS_AHEAD, TAKEN_CLIPNORM, applies_once
 from tfbarrier.exchange.ring_hooks import packing, packs, shaped
 from tfbarrier.keras_helpers import inner_optimizer
 
@@ -33,6 +33,7 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
     module). ``exchanged``: as ring_hooks.exchange_gradients'. Returns what FitResult.workers reports of it."""
     _check_shardable(optimizer)
     pack_bytes, dtype, share, described = packing(options, ring)
+    once = applies_once(optimizer)
     clipnorm = _take_global_clipnorm(optimizer)
 
     def step(apply, grads, variables):
@@ -45,7 +46,7 @@ def shard_updates(optimizer, ring, flavor, shards, options=None, exchanged=None,
         dense = [(i, shaped(grad, variables, i)) for i, grad in enumerate(grads)
                  if grad is not None][::-1 if last_layers_first else 1]
         exchange = _StepExchange(ring, shards, variables, list(packs(dense, pack_bytes)), dtype, share)
-        if clipnorm or getattr(optimizer, "use_ema", False):  # each needs every piece's gradient, or the step's
+        if once:
             _updated_at_once(exchange, apply, optimizer, clipnorm)
         else:
             _updated_pack_by_pack(exchange, apply, optimizer)
@@ -263,10 +264,12 @@ def _clipped(grads, clipnorm, ring, after):
 
 
 def _take_global_clipnorm(optimizer):
-    """The optimizer's ``global_clipnorm``, turned off on it: the norm must be every shard's, not this worker's."""
+    """The optimizer's ``global_clipnorm``, turned off on it (the norm must be every shard's, not this worker's) and
+    kept beside it (``TAKEN_CLIPNORM``: the memory check reads it)."""
     clipnorm = getattr(optimizer, "global_clipnorm", None)
     if clipnorm:
         optimizer.global_clipnorm = None
+        setattr(optimizer, TAKEN_CLIPNORM, clipnorm)
     return clipnorm
 
 

@@ -11,8 +11,8 @@ trainable weights with momentum, two for Adam...; their updates' temporaries fit
 plain SGD's in TensorFlow's BFC pool, which training processes use without oneDNN: POOLED_SGD_COPIES); and each
 layer's output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). With the optimizer's
 state sharded over N workers, a worker holds about 1/N of the slots, copies of the blocks of a cut variable it
-updates, and of the gradients its own summed shares and PACKS_AHEAD packs (the backward pass is held back:
-sharded_update.held_back). A model whose layers' outputs do not tell their sizes (a transformer's
+updates, and of the gradients PACKS_AHEAD packs (the backward pass is held back: sharded_update.held_back) and the
+summed shares of a pack (or its whole share, where its optimizer is applied once after every pack: applies_once). A model whose layers' outputs do not tell their sizes (a transformer's
 sequence length, unknown until the data's widths are) is traced instead, once the widths are known: what a step's
 backward pass keeps of its forward pass, tensor by tensor (``kept_for_backward``), and its graph, by the operations
 of the traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's allocator). A model
@@ -31,7 +31,7 @@ import sys
 
 from tfbarrier import exchange as exchanges
 from tfbarrier.exchange import placement
-from tfbarrier.exchange.base import PACK_BYTES, PACKS_AHEAD
+from tfbarrier.exchange.base import PACK_BYTES, PACKS_AHEAD, applies_once
 from tfbarrier.errors import ModelError
 from tfbarrier.keras_helpers import inner_optimizer
 from tfbarrier.settings import MEMORY_CHECK_CONF, switched_on
@@ -108,6 +108,7 @@ class ModelSize:
     shapes: tuple = ()  # ((shape, bytes a value) of each trainable variable): where sharded slots lie (placement.py)
     slot_share: float = 1.0  # the share of the slots a worker holds (communication's shard: about 1/N)
     blocks: int = 0  # bytes of the copies of cut variables' blocks a worker holds to update them (sharded)
+    applied_once: bool = False  # sharded, its optimizer is applied once after every pack (base.applies_once)
 
     @classmethod
     def of(cls, model, exchange=None, kept=None, native=False):
@@ -115,6 +116,7 @@ class ModelSize:
         optimizer = getattr(model, "optimizer", None)
         return cls(weights=_bytes(model.weights), trainable=_bytes(model.trainable_weights),
                    slots=optimizer_slots(optimizer), optimizer=type(optimizer).__name__,
+                   applied_once=optimizer is not None and applies_once(optimizer),
                    inputs=4 * _values(getattr(model, "inputs", None) or []), activations=4 * _activations(model),
                    exchange=exchange, kept=kept, native=native, pooled=onednn_on() is not True,
                    shapes=tuple((tuple(int(d) for d in v.shape), _itemsize(v)) for v in model.trainable_weights))
@@ -162,10 +164,10 @@ class ModelSize:
         largest = self._largest()
         step = exchange.step_copies * (self.trainable + small) + exchange.largest_copies * largest
         if self.slot_share < 1.0:  # sharded, the backward pass is held back (sharded_update.held_back): of the
-            # gradients, a worker holds its own summed shares and the packs made ahead of the ring (a pack: at least
-            # the largest variable)
-            step -= self.trainable - min(self.trainable,
-                                         self.slot_share * self.trainable + PACKS_AHEAD * largest)
+            # gradients, a worker holds the packs made ahead of the ring and the summed shares it has not applied yet,
+            # a pack's (a pack: at least the largest variable), or all of its share where it applies them at once
+            unapplied = self.slot_share * self.trainable if self.applied_once else largest
+            step -= self.trainable - min(self.trainable, unapplied + PACKS_AHEAD * largest)
         if self.pooled and not self.slots:
             step += POOLED_SGD_COPIES * self.trainable
         kept = (int(ACTIVATION_COPIES * self.activations * rows) if self.kept is None
