@@ -8,7 +8,6 @@ gathers, or None under a strategy, which sums inside Keras.
 """
 
 import math
-import os
 
 import numpy as np
 import tf_keras
@@ -19,9 +18,6 @@ from tfbarrier.fitting.ring_checkpoints import fit_plan
 from tfbarrier.models.model_spec import keras_flavor
 from tfbarrier.models.native_model import input_shape_of
 from tfbarrier.models.weights_file import write_weights
-
-TRAINED_ARCHIVE_FILE = "trained.keras"  # a Keras 3 chief's trained model, for the driver
-
 
 def flavor_of(model):
     """The flavor of the Keras ``model`` was built in (a model function's may be either)."""
@@ -89,9 +85,7 @@ class Keras3:
             return (job.model.write_trained(model, workdir) if is_chief else {}), write_weights(model.weights)
         if getattr(job.model, "adapters", ()):
             return training.write_trained(job, model, workdir, is_chief)
-        if is_chief:
-            training.save_archive(model, os.path.join(workdir, TRAINED_ARCHIVE_FILE))
-        return ({"archive": TRAINED_ARCHIVE_FILE} if is_chief else {}), write_weights(model.weights)
+        return training.write_archive(model, workdir, is_chief)
 
 
 class TfKeras(Keras3):

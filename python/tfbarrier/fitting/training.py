@@ -53,8 +53,15 @@ def write_trained(job, model, workdir, is_chief):
         path = os.path.join(workdir, TRAINED_WEIGHTS_FILE)
         checksum = write_weights(model.weights, path if is_chief else None)
         return ({"weights": TRAINED_WEIGHTS_FILE} if is_chief else {}), checksum
+    # under the strategy every worker saves: reading the weights is a collective
+    return write_archive(model, workdir, is_chief, every_worker=job.tensorflow_server)
+
+
+def write_archive(model, workdir, is_chief, every_worker=False):
+    """(the chief's ``.keras`` archive of ``model`` for the driver, the weights' checksum); ``every_worker``: each
+    worker saves one, the others' deleted."""
     path = os.path.join(workdir, TRAINED_ARCHIVE_FILE)
-    if is_chief or job.tensorflow_server:  # under the strategy every worker saves: reading the weights is a collective
+    if is_chief or every_worker:
         save_archive(model, path)
         if not is_chief:
             os.unlink(path)

@@ -20,13 +20,12 @@ import dataclasses
 import json
 import os
 import tempfile
-import warnings
 import zipfile
 
 import cloudpickle
 
 from tfbarrier.errors import ModelError
-from tfbarrier.keras_helpers import initial_values_local
+from tfbarrier.keras_helpers import initial_values_local, unbuilt_optimizer_unwarned
 from tfbarrier.models import keras_compat
 from tfbarrier.models.weights_file import FUNCTION_HINT, read_weights, tf_variable, write_weights
 from tfbarrier.user_code import pickle_user_code
@@ -208,8 +207,7 @@ class ModelSpec:
         with the trained weights (same Keras as the user's), or the model of the chief's archive (a model
         function's, in the Keras it built it with)."""
         if self.flavor == "function":  # the archive of what it built: tf_keras's, or Keras 3's
-            with warnings.catch_warnings():  # its optimizer saved unbuilt (training.save_archive): Keras 3 warns
-                warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            with unbuilt_optimizer_unwarned():  # its optimizer saved unbuilt (training.save_archive)
                 return keras_module(_archive_flavor(path)).models.load_model(path)
         keras = keras_module(self.flavor)
         model = keras.models.clone_model(original, clone_function=_with_zeros)

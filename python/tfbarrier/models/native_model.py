@@ -23,6 +23,7 @@ import cloudpickle
 
 from tfbarrier import atomic
 from tfbarrier.errors import InvalidArgumentError, ModelError
+from tfbarrier.keras_helpers import unbuilt_optimizer_unwarned
 from tfbarrier.models import quantized
 from tfbarrier.models.model_spec import ModelSpec, keras_flavor, save_archive
 from tfbarrier.models.weights_file import read_weights
@@ -268,8 +269,7 @@ def load_archive(path, objects):
 
     import keras
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+    with unbuilt_optimizer_unwarned(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"`compile\(\)` was not called as part of model loading")
         model = _load_unpacked(os.fspath(path), objects)
     if type(model).compile is not keras.Model.compile:
