@@ -19,6 +19,7 @@ from tfbarrier.models.model_spec import keras_flavor
 from tfbarrier.models.native_model import input_shape_of
 from tfbarrier.models.weights_file import write_weights
 
+
 def flavor_of(model):
     """The flavor of the Keras ``model`` was built in (a model function's may be either)."""
     return Keras3() if keras_flavor(model) == "keras3" else TfKeras()

@@ -12,8 +12,9 @@ plain SGD's in TensorFlow's BFC pool, which training processes use without oneDN
 layer's output on a batch, kept for the backward pass with its gradient (ACTIVATION_COPIES). With the optimizer's
 state sharded over N workers, a worker holds about 1/N of the slots, copies of the blocks of a cut variable it
 updates, and of the gradients PACKS_AHEAD packs (the backward pass is held back: sharded_update.held_back) and the
-summed shares of a pack (or its whole share, where its optimizer is applied once after every pack: applies_once). A model whose layers' outputs do not tell their sizes (a transformer's
-sequence length, unknown until the data's widths are) is traced instead, once the widths are known: what a step's
+summed shares of a pack (or its whole share, where its optimizer is applied once after every pack: applies_once). A
+model whose layers' outputs do not tell their sizes (a transformer's sequence length, unknown until the data's
+widths are) is traced instead, once the widths are known: what a step's
 backward pass keeps of its forward pass, tensor by tensor (``kept_for_backward``), and its graph, by the operations
 of the traced step (GRAPH_BYTES_PER_OP: what running so large a graph holds outside TensorFlow's allocator). A model
 that trains natively (Keras 3) holds Keras 3 besides (KERAS3_BYTES); its weights, loaded a variable at a time (a
