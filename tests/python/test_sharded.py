@@ -69,23 +69,31 @@ def test_two_workers_holding_half_the_optimizer_state_each_train_as_one_process(
 
 
 class NudgesWorkerOnesKernel(keras.callbacks.Callback):
-    """After the first step, worker 1's first kernel (cut in two blocks: the model's largest) changed there alone."""
+    """After the first step, a trainable weight of worker 1 (the first kernel, cut in two blocks: the model's
+    largest, or the one at ``index``) changed there alone."""
+
+    def __init__(self, index=0):
+        super().__init__()
+        self.index = index
 
     def on_train_batch_end(self, batch, logs=None):
         import json
         import os
 
         if batch == 0 and json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
-            kernel = self.model.trainable_variables[0]
+            kernel = self.model.trainable_variables[self.index]
             kernel.assign(kernel + 1.0)
 
 
-def test_a_cut_kernel_that_differs_across_the_workers_after_the_first_step_fails_the_fit_naming_it(spark, line_df):  # noqa: F811
-    # the check that the other workers' rows reached each worker's copy (shards.SyncBlocks)
+# the check that the other workers' updates reached each worker's copy (shards.SyncBlocks): a cut kernel's rows,
+# and the output layer's kernel, held whole by one worker and, in a pack of its own, received where it lies
+@pytest.mark.parametrize("index, packs", [(0, {}), (-2, {"bytes_per_pack": 4})], ids=["cut", "held_whole"])
+def test_a_kernel_that_differs_across_the_workers_after_the_first_step_fails_the_fit_naming_it(spark, line_df,  # noqa: F811
+                                                                                              index, packs):
     with pytest.raises(tfbarrier.errors.ModelError, match=r"copies of \S*kernel differ after the first step"):
         tfbarrier.fit(line_df, keras3_model("adam"), features="x", label="y", epochs=1, batch_size=GLOBAL_BATCH,
-                      num_workers=2, steps_per_epoch=2, verbose=0, communication={"shard": "optimizer"},
-                      callbacks=lambda: [NudgesWorkerOnesKernel()])
+                      num_workers=2, steps_per_epoch=2, verbose=0, communication={"shard": "optimizer", **packs},
+                      callbacks=lambda: [NudgesWorkerOnesKernel(index)])
 
 
 def saved_model(path, make):
@@ -158,27 +166,51 @@ def test_a_weight_tensorflow_copies_at_every_read_fails_in_words_instead_of_not_
     and cut into a block of rows per worker; but its lookup leaves TensorFlow's variable copying itself at every
     read, so the step's write of the updated rows into it (``_gathered_into``) lands in a copy. Before, the fit
     ended without an error and the table never trained (every worker's copy equally stale)."""
-    import pandas as pd
-
     from tfbarrier.errors import ModelError
 
-    def tied():
-        import tf_keras
+    tied_language_model()  # its class registered here too, where the trained model's archive is loaded
+    with pytest.raises(ModelError, match="table.*did not take its updated rows"):
+        tfbarrier.fit(ids_df(spark), lambda: tied_model(16), features="x", label="y", epochs=1, batch_size=16,
+                      num_workers=2, verbose=0,
+                      communication={"shard": "optimizer", "bytes_per_pack": 4})  # the table in a pack of its own
 
-        tf_keras.utils.set_random_seed(3)
-        ids = tf_keras.Input((4,), dtype="int32")
-        model = tf_keras.Model(ids, tied_language_model()()(ids))
-        model.compile(optimizer=tf_keras.optimizers.Adam(0.01),
-                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return model
+
+def test_a_table_held_whole_and_looked_up_trains_its_other_workers_copy_through_a_buffer(spark):
+    """The same tied table, a small part of a wider model's weights, is held whole by one worker; the step
+    receives most weights held whole straight into their variables (``_gathered_into``), but not one TensorFlow
+    copies at every read (``_written_where_they_lie``: its lookup is in the step): it is written through a buffer,
+    and every worker's copy trains. Received in place, the other worker's copy would not have changed (SyncBlocks
+    fails the fit)."""
+    from tfbarrier.exchange.placement import pieces
+
+    model = tied_model(128)
+    shapes = [tuple(v.shape) for v in model.trainable_variables]
+    table = [v.name.endswith("table:0") for v in model.trainable_variables].index(True)
+    assert len(pieces(shapes, [4] * len(shapes), 2)[table]) == 1  # held whole by one worker
+    result = tfbarrier.fit(ids_df(spark), lambda: tied_model(128), features="x", label="y", epochs=2, batch_size=16,
+                           num_workers=2, verbose=0, communication={"shard": "optimizer", "bytes_per_pack": 4})
+    trained = [v for v in result.model.trainable_variables if v.name.endswith("table:0")][0].numpy()
+    assert not np.allclose(trained, model.trainable_variables[table].numpy())  # it trained
+
+
+def ids_df(spark):
+    import pandas as pd
 
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({"x": list(rng.integers(0, 64, (64, 4)).astype("int32")), "y": rng.integers(0, 64, 64)})
-    df = spark.createDataFrame(frame).repartition(2)
-    tied_language_model()  # its class registered here too, where the trained model's archive is loaded
-    with pytest.raises(ModelError, match="table.*did not take its updated rows"):
-        tfbarrier.fit(df, tied, features="x", label="y", epochs=1, batch_size=16, num_workers=2, verbose=0,
-                      communication={"shard": "optimizer", "bytes_per_pack": 4})  # the table in a pack of its own
+    return spark.createDataFrame(frame).repartition(2)
+
+
+def tied_model(width):
+    """A tf_keras model of TiedLanguageModel (tied_language_model) whose hidden layers are ``width`` wide."""
+    import tf_keras
+
+    tf_keras.utils.set_random_seed(3)
+    ids = tf_keras.Input((4,), dtype="int32")
+    model = tf_keras.Model(ids, tied_language_model()(width)(ids))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.01),
+                  loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
 
 
 def test_a_block_is_compared_with_its_rows_a_segment_at_a_time_to_its_last_row_nan_equal_to_nan():
@@ -211,12 +243,20 @@ def tied_language_model():
 
     @tf_keras.saving.register_keras_serializable(package="test_sharded")
     class TiedLanguageModel(tf_keras.layers.Layer):
+        def __init__(self, width=16, **kwargs):
+            super().__init__(**kwargs)
+            self.width = width
+
         def build(self, input_shape):
-            self.table = self.add_weight(name="table", shape=(64, 16))  # most of the weights: cut in blocks
-            self.hidden = tf_keras.layers.Dense(16)
+            # at width 16 most of the weights: cut in blocks; at 128 a fifth of them, held whole
+            self.table = self.add_weight(name="table", shape=(64, 16))
+            self.hidden = tf_keras.Sequential([tf_keras.layers.Dense(self.width), tf_keras.layers.Dense(16)])
 
         def call(self, ids):
             hidden = self.hidden(tf.reduce_mean(tf.gather(self.table, ids), axis=1))
             return tf.matmul(hidden, self.table, transpose_b=True)
+
+        def get_config(self):
+            return {**super().get_config(), "width": self.width}
 
     return TiedLanguageModel

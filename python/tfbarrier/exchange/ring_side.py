@@ -77,7 +77,7 @@ class RingSide(WorkerSide):
         """First, a call's logs made global and the moving statistics (BatchNormalization's) averaged before
         validation (the first of ``callbacks``), whose val_* every later callback sees; then a stop agreed; last,
         where the optimizer's state is sharded, the blocks it updates made the model's again (a restore's)."""
-        synced = [SyncBlocks(self.shards, self.ring)] if self.shards is not None and self.shards.blocks else []
+        synced = [SyncBlocks(self.shards, self.ring)] if self.shards is not None else []
         return [GlobalBatchLogs(self.ring), ExchangedOnly(self.ring, self.exchanged), AverageState(self.ring),
                 *callbacks, StopTogether(self.ring, callbacks), *synced]
 

@@ -11,8 +11,9 @@ nothing else. It applies its optimizer to them pack by pack, and each pack's upd
 their holders while the backward pass still makes the next packs, as an all-reduce's second half would be
 (``_updated_pack_by_pack``; clipping by global norm takes the norm over every worker's pieces, one scalar across,
 and an optimizer's moving average (EMA) every weight's, so there it applies once, after every pack:
-``_updated_at_once``), so every replica is whole and equal again before the next step. The bytes that cross are an
-all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and the backward pass makes a pack's
+``_updated_at_once``), so every replica is whole and equal again before the next step; on a CPU, a pack of one
+variable is received straight into the variable once the backward pass is done (``_gathered_into``: no buffer, no
+copy). The bytes that cross are an all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and the backward pass makes a pack's
 gradients only once the exchange of the pack PACKS_AHEAD before it is done (``held_back``), so a worker holds a few
 packs and the summed shares not yet applied, not every gradient of the step.
 Imported only in training processes.
@@ -63,7 +64,9 @@ class _StepExchange:
         self.ring, self.shards, self.variables, self.packed = ring, shards, variables, packed
         self.dtype, self.share, self.ancestors = dtype, share, set()
         self.cut = [shards.cut(pack, variables) for pack in packed]
-        self.into = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy
+        self.on_cpu = not tf.config.list_logical_devices("GPU")  # a GPU's variable reaches Python as a copy
+        sent = {index for pack in packed for index, _ in pack}
+        self.into = _written_where_they_lie(variables, sent) if self.on_cpu else set()
 
     def reduce_scattered(self, number, after):
         """{(index, start): this worker's summed share of the gradient} for its pieces in pack ``number``, and
@@ -90,9 +93,14 @@ class _StepExchange:
                 [self.shards.target(self.variables, index, start) for index, start in shares])
 
     def gathered_in_place(self, number):
-        """Whether pack ``number`` is one cut variable's blocks, received straight into the variable (on a CPU):
-        only once the backward pass, which reads the variable, is done."""
-        return self.into and _one_cut(self.cut[number][0])
+        """Whether pack ``number`` is one variable, whole or its blocks, received straight into the variable
+        (``_gathered_into``): only once the backward pass, which reads the variable, is done. A cut variable's
+        always is on a CPU (shards.SyncBlocks finds a write that missed)."""
+        indices = {index for _, index, _, _, _ in self.cut[number][0]}
+        if len(indices) != 1:
+            return False
+        index = indices.pop()
+        return index in self.into or (self.on_cpu and self.shards.is_cut(self.variables[index]))
 
     def all_gathered(self, number, after):
         """Pack ``number`` all-gathered after ``after`` (a worker's updated pieces are read after its optimizer
@@ -101,7 +109,9 @@ class _StepExchange:
         pieces_ = self.cut[number][0]
         with tf.control_dependencies(after):
             if self.gathered_in_place(number):
-                return _gathered_into(self.variables[pieces_[0][1]], pieces_, self.shards, self.ring)
+                variable = self.variables[pieces_[0][1]]
+                self.shards.written_in_place(variable)
+                return _gathered_into(variable, pieces_, self.shards, self.ring)
             return _gathered_through(pieces_, self.variables, self.shards, self.ring)
 
 
@@ -201,25 +211,38 @@ def _one_cut(pieces_):
 
 
 def _gathered_into(variable, pieces_, shards, ring):
-    """The blocks of cut ``variable`` written into its rows where they lie: this worker's from its block
-    variable, the others' received from the ring straight into the variable's buffer, which the step's read of it
-    hands the exchange (no copy of the variable, no buffer of the others' rows: the only other way, a sliced
-    assign, copies the whole variable while a read of it lives). The backward pass, the last reader of the
-    variable in the step, is done: every pack's reduce-scatter came before. shards.SyncBlocks checks after the first
-    step that the workers' copies are equal (the write reached the variable)."""
+    """``variable``'s updated values (its pieces': the whole variable's, or the blocks of a cut one) written where
+    it lies: a block this worker updated copied from its block variable into its rows, the others' pieces received
+    from the ring straight into the variable's buffer, which the step's read of it hands the exchange (no copy of
+    the variable, no buffer of the others' pieces: a fresh buffer costs its page faults on every step, and an
+    assign, or a sliced one, copies it again). The backward pass, the last reader of the variable in the step, is
+    done: every pack's reduce-scatter came before. shards.SyncBlocks checks after the first step that the workers'
+    copies are equal (the write reached the variable)."""
     sizes = _sizes(pieces_, ring.size)
-    start, stop = pieces_[ring.rank][2:4]
+    mine = [piece for piece in pieces_ if piece[0] == ring.rank and shards.is_cut(variable)]
+    block = shards.blocks[id(variable), mine[0][2]] if mine else None
     row = int(np.prod(variable.shape[1:]))
 
     def gather(rows, whole):
         flat = whole.reshape(-1)
-        flat[start * row:stop * row] = rows.reshape(-1)
+        if mine:
+            flat[mine[0][2] * row:mine[0][3] * row] = rows.reshape(-1)
         ring.all_gather_into(flat, sizes)
         return np.zeros(0, np.int8)
 
-    block = shards.blocks[id(variable), start]
-    return tf.numpy_function(gather, [tf.convert_to_tensor(block), tf.convert_to_tensor(variable)], tf.int8,
-                             stateful=True)
+    rows = tf.convert_to_tensor(block) if mine else tf.zeros([0], variable.dtype)
+    return tf.numpy_function(gather, [rows, tf.convert_to_tensor(variable)], tf.int8, stateful=True)
+
+
+def _written_where_they_lie(variables, indices):
+    """Those ``indices`` of ``variables`` whose reads in the step being traced hand out their buffer: those read
+    whole alone. A row-at-a-time read (an embedding's lookup in tf_keras) leaves TensorFlow copying the variable
+    at every read, and a call of a function or a loop may hold one; a step run eagerly is not traced: none."""
+    if tf.executing_eagerly():
+        return set()
+    graph = tf.compat.v1.get_default_graph()
+    return {i for i in indices
+            if all(op.type == "ReadVariableOp" for op in graph.capture(variables[i].handle).consumers())}
 
 
 def _gathered_through(pieces_, variables, shards, ring):
