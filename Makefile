@@ -169,7 +169,7 @@ bench-large-models: venv
 bench-large-models-checkpoint: venv
 	$(PY) bench/large_model_bench.py --checkpoint --rounds 3
 bench-sharded-optimizer: venv
-	$(PY) bench/sharded_bench.py --rounds 2 --steps 16 --models mlp61:2 mlp61:4 deep65:2 deep65:4
+	$(PY) bench/sharded_bench.py --rounds 2 --steps 32 --models mlp61:2 mlp61:4 deep65:2 deep65:4
 # The largest Adam model 2 workers train, replicated and sharded (issue 74): a fit near this machine's memory each.
 bench-largest-model: venv
 	$(PY) bench/largest_model_bench.py
