@@ -13,9 +13,10 @@ their holders while the backward pass still makes the next packs, as an all-redu
 and an optimizer's moving average (EMA) every weight's, so there it applies once, after every pack:
 ``_updated_at_once``), so every replica is whole and equal again before the next step; on a CPU, a pack of one
 variable is received straight into the variable once the backward pass is done (``_gathered_into``: no buffer, no
-copy). The bytes that cross are an all-reduce's. A pack's full gradients are freed once it is reduce-scattered, and the backward pass makes a pack's
-gradients only once the exchange of the pack PACKS_AHEAD before it is done (``held_back``), so a worker holds a few
-packs and the summed shares not yet applied, not every gradient of the step.
+copy). The bytes that cross are an all-reduce's. A pack's full gradients are freed once it is reduce-scattered,
+and the backward pass makes a pack's gradients only once the exchange of the pack PACKS_AHEAD before it is done
+(``held_back``), so a worker holds a few packs and the summed shares not yet applied, not every gradient of the
+step.
 Imported only in training processes.
 """
 
