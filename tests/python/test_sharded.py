@@ -43,17 +43,19 @@ def keras3_model(optimizer):  # a custom layer: it trains natively, in Keras 3
     return model
 
 
-# each optimizer in each Keras once at least (test_exchanges fits tf_keras's Adam, clipped, on 4 workers)
-@pytest.mark.parametrize("make, optimizer", [(tf_keras_model, "sgd_momentum"), (keras3_model, "adam"),
-                                             (tf_keras_model, "adamw_schedule_global_clipnorm"),
-                                             (keras3_model, "adamw_schedule_global_clipnorm")],
-                         ids=["tf_keras-sgd_momentum", "keras3-adam", "tf_keras-adamw", "keras3-adamw"])
+# each optimizer in each Keras once at least (test_exchanges fits tf_keras's Adam, clipped, on 4 workers). Each
+# gradient in a pack of its own (bytes_per_pack 4): a worker owns nothing in some packs, all of others, a cut
+# kernel's pack is its blocks, and each pack is gathered into its variable where it lies (after the pack-by-pack
+# update, or, clipped by the global norm, after the one update); Keras 3's AdamW: one pack of every gradient,
+# gathered through a buffer
+@pytest.mark.parametrize("make, optimizer, packs", [
+    (tf_keras_model, "sgd_momentum", {"bytes_per_pack": 4}), (keras3_model, "adam", {"bytes_per_pack": 4}),
+    (tf_keras_model, "adamw_schedule_global_clipnorm", {"bytes_per_pack": 4}),
+    (keras3_model, "adamw_schedule_global_clipnorm", {})],
+    ids=["tf_keras-sgd_momentum", "keras3-adam", "tf_keras-adamw", "keras3-adamw"])
 def test_two_workers_holding_half_the_optimizer_state_each_train_as_one_process(spark, line_df, make,  # noqa: F811
-                                                                                 optimizer, tmp_path):
+                                                                                 optimizer, packs, tmp_path):
     model, reference = make(optimizer), make(optimizer)
-    # SGD's gradients each in a pack of their own: a worker owns nothing in some packs, all of others
-    # (and Keras 3's Adam): each cut kernel's pack is its blocks, gathered into the kernel where it lies
-    packs = {"bytes_per_pack": 4} if optimizer in ("sgd_momentum", "adam") else {}
     result = tfbarrier.fit(line_df, model, features="x", label="y", epochs=2, batch_size=GLOBAL_BATCH,
                            num_workers=2, shuffle=False, communication={"shard": "optimizer", **packs},
                            save_to=str(tmp_path), verbose=0)

@@ -1,6 +1,7 @@
 """Driver program for test_exchanges' many-worker fits on local[8]: a small tf_keras model fitted by 8 workers
 from 8 partitions in order (no shuffle), and by 4 workers that each hold a quarter of Adam's state
-(communication={"shard": "optimizer"}, clipped by the global norm); each beside the same model fitted by one
+(communication={"shard": "optimizer"}, clipped by the global norm, each gradient in a pack of its own: each
+weight's updated values passed around the ring into the other workers' copies where they lie); each beside the same model fitted by one
 process on the same global batches. Prints one JSON line: {fit: both histories, both final weights, each
 worker's checksum and the weights whose optimizer state it held}."""
 
@@ -50,5 +51,5 @@ spark = make_spark("local[8]", **{"spark.pyspark.python": sys.executable})
 print("RESULT " + json.dumps({
     "eight": beside_one_process(8, lambda: tf_keras.optimizers.SGD(0.05)),
     "four_sharded": beside_one_process(4, lambda: tf_keras.optimizers.Adam(0.05, global_clipnorm=0.5),
-                                       communication={"shard": "optimizer"})}))
+                                       communication={"shard": "optimizer", "bytes_per_pack": 4})}))
 spark.stop()
