@@ -110,9 +110,7 @@ class _StepExchange:
         pieces_ = self.cut[number][0]
         with tf.control_dependencies(after):
             if self.gathered_in_place(number):
-                variable = self.variables[pieces_[0][1]]
-                self.shards.written_in_place(variable)
-                return _gathered_into(variable, pieces_, self.shards, self.ring)
+                return _gathered_into(self.variables[pieces_[0][1]], pieces_, self.shards, self.ring)
             return _gathered_through(pieces_, self.variables, self.shards, self.ring)
 
 

@@ -25,7 +25,6 @@ class Shards:
         placed = pieces(shapes, [tf.as_dtype(v.dtype).size for v in variables], size)
         self.rank, self.placed = rank, {id(v): p for v, p in zip(variables, placed)}
         self._variables = {id(v): v for v in variables}
-        self._in_place = {}  # {id: variable} the step's exchange writes where it lies, as the step is traced
         self.blocks, self.updated = {}, []  # {(id(variable), start): its block variable}
         for variable in variables:
             for holder, start, stop in self.placed[id(variable)]:
@@ -48,16 +47,6 @@ class Shards:
         variable (``_gathered_into``) did not reach it."""
         return [self._variables[key] for (key, start), block in self.blocks.items()
                 if not _holds_rows(self._variables[key], start, block)]
-
-    def written_in_place(self, variable):
-        """Note that the step's exchange writes ``variable``'s values where TensorFlow keeps it
-        (sharded_update._gathered_into): SyncBlocks checks that the write reached it."""
-        self._in_place[id(variable)] = variable
-
-    def checked_after_first_step(self):
-        """The variables whose writes SyncBlocks checks, in the order given: the cut ones, and those the step's
-        exchange writes in place."""
-        return [v for key, v in self._variables.items() if self.is_cut(v) or key in self._in_place]
 
     def is_cut(self, variable):
         """Whether ``variable`` is cut into blocks of rows, one a worker."""
@@ -90,11 +79,10 @@ class Shards:
 
 class SyncBlocks(tf_keras.callbacks.Callback):
     """After every other callback's start of a fit (a checkpoint's restore among them): the blocks as the model's
-    weights now are (``Shards.sync``). After the first call: the variables the exchange writes where they lie (the
-    cut ones, and most held whole: ``checked_after_first_step``) equal on every worker across ``ring`` (their
-    checksums) and each block's rows found written into its variable, or the fit fails in words: a variable
-    TensorFlow copies at every read (copy-on-read mode: after a lookup of it) or a TensorFlow that handed the
-    exchange a copy would lose the write (``_gathered_into``)."""
+    weights now are (``Shards.sync``). After the first call: every trainable variable equal on every worker across
+    ``ring`` (their checksums; the exchange writes most where they lie) and each block's rows found written into its
+    variable, or the fit fails in words: a variable TensorFlow copies at every read (copy-on-read mode: after a
+    lookup of it) or a TensorFlow that handed the exchange a copy would lose the write (``_gathered_into``)."""
 
     def __init__(self, shards, ring):
         super().__init__()
@@ -107,7 +95,7 @@ class SyncBlocks(tf_keras.callbacks.Callback):
         if self.checked:
             return
         self.checked = True
-        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(self.shards.checked_after_first_step())]
+        drifted = [getattr(v, "path", v.name) for v in self.ring.differing(self.model.trainable_variables)]
         if drifted:
             raise ModelError(
                 f"with communication={{'shard': 'optimizer'}}, the workers' copies of {', '.join(drifted)} differ "
